@@ -1,0 +1,1 @@
+"""Adapters that expose the code under test (mirror, vllm, sglang, tokenspeed) as subjects."""

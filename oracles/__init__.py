@@ -1,0 +1,1 @@
+"""Judging: metrics, tolerance budgets, verdicts and drift records."""

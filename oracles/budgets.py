@@ -1,0 +1,91 @@
+"""The tolerance doctrine (BRIEF §5): every budget of the project, derived here.
+
+Two rules:
+1. Baseline-relative (FlashAttention's): err(subject) <= c * err(baseline) +
+   one rounding at the output's magnitude, both errors measured against the
+   float64 oracle on identical (already quantised) inputs.
+2. Theory caps for a reduction of length n in unit roundoff u:
+   deterministic gamma_n = n u / (1 - n u) (Higham, "Accuracy and Stability of
+   Numerical Algorithms", Lemma 3.1), and the probabilistic lambda sqrt(n) u
+   (Higham & Mary 2019, "A New Approach to Probabilistic Rounding Error
+   Analysis", Thm 2.4: it holds with probability >= 1 - 2n exp(-lambda^2/2)).
+No test carries a bare tolerance: it asks this module.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# Unit roundoff u = 2^-p for a p-bit significand (implicit bit included), round to nearest.
+UNIT_ROUNDOFF: dict[torch.dtype | str, float] = {
+    torch.bfloat16: 2.0**-8,  # 8-bit significand
+    torch.float16: 2.0**-11,  # 11-bit significand
+    "tf32": 2.0**-11,  # 10 stored + 1 implicit bits
+    torch.float32: 2.0**-24,  # 24-bit significand
+    torch.float64: 2.0**-53,  # 53-bit significand
+    torch.float8_e4m3fn: 2.0**-4,  # 3 stored + 1 implicit
+    torch.float8_e5m2: 2.0**-3,  # 2 stored + 1 implicit
+    "e2m1": 2.0**-2,  # 1 stored + 1 implicit
+}
+U64 = UNIT_ROUNDOFF[torch.float64]
+U32 = UNIT_ROUNDOFF[torch.float32]
+
+# lambda of the probabilistic bound: with lambda = 8 a length-n dot fails it with
+# probability <= 2 n exp(-lambda^2 / 2) = 2.5e-14 n, i.e. 1.8e-10 at n = 7168, so a
+# nightly run of ~10^6 such dots stays below 1e-3 in total.
+LAMBDA = 8.0
+
+# c of the baseline-relative rule: 2, FlashAttention's choice (BRIEF §5): a
+# subject may be twice as far from float64 as the plain low-precision path.
+BASELINE_FACTOR = 2.0
+
+
+def unit_roundoff(dtype: torch.dtype | str) -> float:
+    try:
+        return UNIT_ROUNDOFF[dtype]
+    except KeyError:
+        raise ValueError(f"dtype: no unit roundoff known for {dtype}") from None
+
+
+def gamma(n: int, u: float) -> float:
+    """Deterministic bound gamma_n = n u / (1 - n u) on a length-n reduction's relative error."""
+    if n * u >= 1.0:
+        return math.inf
+    return n * u / (1.0 - n * u)
+
+
+def probabilistic(n: int, u: float, lam: float = LAMBDA) -> float:
+    """Higham & Mary's lambda sqrt(n) u (to first order) for a length-n reduction."""
+    return lam * math.sqrt(max(n, 1)) * u
+
+
+def identity_rtol(n: int, u: float) -> float:
+    """Normwise relative tolerance for two evaluations (unit roundoff u) of one identity
+    whose longest reduction has length n: each side is within probabilistic(n, u),
+    so the difference is within twice that, plus 8 u for the few scalar
+    roundings of a norm and a rotation (rsqrt, mean, two products, a sum)."""
+    return 2.0 * probabilistic(n, u) + 8.0 * u
+
+
+def fp32_angle_rope_rtol(theta_max: float) -> float:
+    """Normwise relative tolerance for a rotation whose angles were computed in fp32.
+
+    An fp32 angle p * inv_freq carries <= 4 u32 |theta| absolute error (pow,
+    reciprocal and ramp blend of inv_freq: 3 roundings; the product: 1), and
+    fp32 cos/sin one more u32. A rotated pair (a, b) then errs by <= (|a| + |b|)
+    (4 theta + 1) u32, and |a| + |b| <= 2 max|output| (a rotation preserves the
+    pair norm), hence 2 (4 theta_max + 1) u32.
+    """
+    return 2.0 * (4.0 * theta_max + 1.0) * U32
+
+
+def f64_identity_rtol(n: int) -> float:
+    """identity_rtol in float64; for n = 7168 it is 1.5e-13 ("about 1e-13")."""
+    return identity_rtol(n, U64)
+
+
+def baseline_budget(err_baseline: float, out_magnitude: float, dtype: torch.dtype) -> float:
+    """Rule 1: c * err(baseline) + one rounding (u of the output dtype) at the output's magnitude."""
+    return BASELINE_FACTOR * err_baseline + unit_roundoff(dtype) * out_magnitude

@@ -1,0 +1,112 @@
+"""Distance metrics between a subject's output and the float64 oracle.
+
+All metrics are computed in float64 on the subject's values (upcast) against
+the oracle's. NaN/Inf disagreement is counted separately and never hides in
+a max: positions where either side is non-finite are excluded from the
+numeric metrics and reported as `nonfinite_mismatch`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """max_abs, rel_fro = ||a - r||_F / ||r||_F, max_ulp (in the subject dtype),
+    cosine, nonfinite_mismatch (positions where finiteness or the non-finite
+    value differs), worst: up to 5 multi-indices of the largest errors."""
+
+    max_abs: float
+    rel_fro: float
+    max_ulp: float
+    cosine: float
+    nonfinite_mismatch: int
+    ref_max_abs: float
+    worst: tuple[tuple[int, ...], ...]
+
+    def as_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["worst"] = ";".join(",".join(map(str, w)) for w in self.worst)
+        return d
+
+
+def ulp_of(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Spacing of `dtype` at |x| (float64 tensor in, float64 out); subnormal floor included."""
+    info = torch.finfo(dtype)
+    ax = x.abs().clamp(min=info.tiny)
+    exp = torch.floor(torch.log2(ax))
+    return torch.exp2(exp) * info.eps  # eps = 2^-(stored mantissa bits)
+
+
+def compare(actual: torch.Tensor, reference: torch.Tensor, *, dtype: torch.dtype | None = None) -> Metrics:
+    """Metrics of `actual` (any float dtype) against `reference` (float64), same shape."""
+    if actual.shape != reference.shape:
+        raise ValueError(f"actual: expected shape {list(reference.shape)}, got {list(actual.shape)}")
+    out_dtype = dtype or actual.dtype
+    a = actual.detach().to(torch.float64).cpu()
+    r = reference.detach().to(torch.float64).cpu()
+    fa, fr = torch.isfinite(a), torch.isfinite(r)
+    both = fa & fr
+    same_nonfinite = (~fa & ~fr) & ((a == r) | (torch.isnan(a) & torch.isnan(r)))
+    nonfinite_mismatch = int((~both & ~same_nonfinite).sum())
+    diff = torch.where(both, (a - r).abs(), torch.zeros_like(a))
+    rz = torch.where(both, r, torch.zeros_like(r))
+    az = torch.where(both, a, torch.zeros_like(a))
+    max_abs = float(diff.max()) if diff.numel() else 0.0
+    ref_max = float(rz.abs().max()) if rz.numel() else 0.0
+    rnorm = float(torch.linalg.vector_norm(rz))
+    dnorm = float(torch.linalg.vector_norm(diff))
+    rel_fro = dnorm / rnorm if rnorm > 0 else (0.0 if dnorm == 0 else math.inf)
+    if out_dtype.is_floating_point and diff.numel():
+        max_ulp = float((diff / ulp_of(rz, out_dtype)).max())
+    else:
+        max_ulp = 0.0
+    anorm = float(torch.linalg.vector_norm(az))
+    cosine = float((az * rz).sum()) / (anorm * rnorm) if anorm > 0 and rnorm > 0 else float(anorm == rnorm)
+    k = min(5, diff.numel())
+    worst: tuple[tuple[int, ...], ...] = ()
+    if k and max_abs > 0:
+        idx = torch.topk(diff.flatten(), k).indices
+        worst = tuple(tuple(int(i) for i in torch.unravel_index(j, diff.shape)) for j in idx if diff.flatten()[j] > 0)
+    return Metrics(max_abs, rel_fro, max_ulp, cosine, nonfinite_mismatch, ref_max, worst)
+
+
+def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor) -> str:
+    """Exact-check failure message: mismatch count, first indices, NaN/Inf disagreement."""
+    if actual.shape != expected.shape:
+        return f"shape {list(actual.shape)} != expected {list(expected.shape)}"
+    a, e = actual.detach().cpu(), expected.detach().cpu()
+    if a.dtype != e.dtype:
+        return f"dtype {a.dtype} != expected {e.dtype}"
+    neq = ~((a == e) | (torch.isnan(a) & torch.isnan(e))) if a.is_floating_point() else a != e
+    idx = neq.nonzero()[:5].tolist()
+    nonfinite = 0
+    if a.is_floating_point():
+        nonfinite = int((torch.isfinite(a) != torch.isfinite(e)).sum())
+    return f"{int(neq.sum())} of {a.numel()} elements differ; first at {idx}; NaN/Inf disagreement {nonfinite}"
+
+
+def assert_bitwise_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Exact contract check (torch.equal, NaNs equal): raises AssertionError with the details."""
+    if actual.shape == expected.shape and actual.dtype == expected.dtype:
+        a, e = actual.detach().cpu(), expected.detach().cpu()
+        if torch.equal(a, e) or (a.is_floating_point() and bool(((a == e) | (a.isnan() & e.isnan())).all())):
+            return
+    raise AssertionError(f"{what}: not bitwise equal: {describe_mismatch(actual, expected)}")
+
+
+def assert_normwise_close(actual: torch.Tensor, expected: torch.Tensor, rtol: float, what: str) -> Metrics:
+    """max|a - e| <= rtol * max|e| (a normwise relative check), with verbose failure."""
+    m = compare(actual, expected, dtype=torch.float64)
+    bound = rtol * m.ref_max_abs
+    if m.nonfinite_mismatch or not m.max_abs <= bound:
+        raise AssertionError(
+            f"{what}: max_abs {m.max_abs:.3e} > bound {bound:.3e} (rtol {rtol:.3e} x max|ref| "
+            f"{m.ref_max_abs:.3e}); rel_fro {m.rel_fro:.3e}; worst at {list(m.worst)}; "
+            f"NaN/Inf mismatches {m.nonfinite_mismatch}"
+        )
+    return m

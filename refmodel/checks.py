@@ -1,0 +1,77 @@
+"""Input validation shared by every oracle function.
+
+Every failure is a ValueError that names the argument and says what was
+expected, so a bad fixture fails at the boundary rather than deep inside an
+einsum. Shape specs are tuples whose entries are ints (must match) or None
+(any size); the caller binds symbolic sizes by reading them off one argument
+and passing them as ints to the next.
+"""
+
+from __future__ import annotations
+
+import torch
+
+Shape = tuple[int | None, ...]
+
+
+def float64(name: str, t: object, shape: Shape | None = None, *, finite: bool = True) -> torch.Tensor:
+    """Check that `t` is a float64 tensor of `shape` (None entries free), with no NaN/Inf."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float64:
+        raise ValueError(f"{name}: expected dtype torch.float64, got {t.dtype}")
+    _shape(name, t, shape)
+    if finite and t.numel() and t.device.type != "meta" and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise ValueError(f"{name}: expected finite values, found {bad} NaN/Inf")
+    return t
+
+
+def integer(name: str, t: object, shape: Shape | None = None) -> torch.Tensor:
+    """Check that `t` is an int32/int64 tensor of `shape`."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name}: expected dtype torch.int64 or torch.int32, got {t.dtype}")
+    _shape(name, t, shape)
+    return t
+
+
+def _shape(name: str, t: torch.Tensor, shape: Shape | None) -> None:
+    if shape is None:
+        return
+    ok = t.dim() == len(shape) and all(
+        want is None or want == got for want, got in zip(shape, t.shape)
+    )
+    if not ok:
+        spec = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+        raise ValueError(f"{name}: expected shape {spec}, got {list(t.shape)}")
+
+
+def same_device(**tensors: torch.Tensor | None) -> torch.device:
+    """Check that all given tensors live on one device; return it."""
+    present = {k: v for k, v in tensors.items() if v is not None}
+    first_name, first = next(iter(present.items()))
+    for name, t in present.items():
+        if t.device != first.device:
+            raise ValueError(
+                f"{name}: expected device {first.device} (the device of {first_name}), "
+                f"got {t.device}"
+            )
+    return first.device
+
+
+def positive_float(name: str, value: float) -> float:
+    """Check a strictly positive finite scalar such as an epsilon."""
+    v = float(value)
+    if not (v > 0.0 and v < float("inf")):
+        raise ValueError(f"{name}: expected a finite value > 0, got {value}")
+    return v
+
+
+def nonnegative_float(name: str, value: float) -> float:
+    """Check a finite scalar >= 0 (an output-norm epsilon may be 0)."""
+    v = float(value)
+    if not (v >= 0.0 and v < float("inf")):
+        raise ValueError(f"{name}: expected a finite value >= 0, got {value}")
+    return v

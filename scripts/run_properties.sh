@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The main job: the property suite against the default engines, writing the
+# drift CSV (default out/drift.csv). Extra arguments go to pytest, e.g.
+#   --engine mirror --hypothesis-profile nightly --drift-csv /tmp/d.csv
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$root/scripts/env.sh"
+cd "$root"
+args=("$@")
+case " ${args[*]-} " in *" --drift-csv"*) ;; *) mkdir -p out; args+=(--drift-csv out/drift.csv) ;; esac
+case " ${args[*]-} " in *" --hypothesis-profile"*) ;; *) args+=(--hypothesis-profile=ci) ;; esac
+exec python -m pytest properties "${args[@]}"

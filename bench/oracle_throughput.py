@@ -54,11 +54,26 @@ def _time(fn: Callable[[], object], device: torch.device, reps: int) -> float:
     return statistics.median(times)
 
 
-def _cases(n: int, device: torch.device) -> dict[str, tuple[Callable[[], object], float, float]]:
-    """name -> (call, flops, bytes moved at least once)."""
+def _profile(fn: Callable[[], object], device: torch.device) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=14), file=sys.stderr)
+
+
+Cases = dict[str, tuple[Callable[[], object], float, float]]
+F64 = 8
+
+
+def _context_cases(n: int, device: torch.device) -> Cases:
+    """The plain GEMM reference and the context-KV oracles: name -> (call, flops, min bytes)."""
     ds = geometry.preset("k3-dspark")
-    df = geometry.preset("k3-dflash")
-    assert isinstance(ds, geometry.MLADraftGeometry) and isinstance(df, geometry.DFlashGeometry)
+    assert isinstance(ds, geometry.MLADraftGeometry)
     d = Draw(0, device)
     h, L, w = ds.hidden, ds.num_layers, ds.kv_width
     x = d.normal((n, h))
@@ -71,46 +86,72 @@ def _cases(n: int, device: torch.device) -> dict[str, tuple[Callable[[], object]
     slots = torch.arange(n, device=device)
     merged = kv_w.reshape(L * w, h)
 
-    def ckv_full() -> object:
+    def ckv_two_calls() -> object:
         kv_c, k_pe = mla.context_kv(x, kv_w, norm_w, pos, ds.rope, ds.eps)
         return mla.write_mla_cache(caches, kv_c, k_pe, slots)
 
-    nb = 8
-    prefix, delta = d.normal((n, h)), d.normal((n, h))
-    blocks = d.normal((n, nb, h))
-    nw, qk, ow = d.positive((h,)), d.normal((h,)), d.positive((h,))
-    k = len(df.target_taps)
-    taps = d.normal((k, n, h))
-    fc = d.normal((h, k * h), (k * h) ** -0.5)
-    fc_norm = d.positive((h,))
-    ctx = d.normal((n, h))
-    kd = df.num_kv_heads * df.head_dim
-    k_w, v_w = d.normal((df.num_layers, kd, h), h**-0.5), d.normal((df.num_layers, kd, h), h**-0.5)
-    k_norm = d.positive((df.num_layers, df.head_dim))
-    f64 = 8
+    def ckv_full() -> object:
+        return mla.precompute_context_kv(x, kv_w, norm_w, pos, ds.rope, ds.eps, caches, slots)
+
     gemm_flops = 2.0 * n * h * L * w
     return {
         "plain fp64 GEMM [N,7168]x[7168,2880]": (
-            lambda: x @ merged.T, gemm_flops, f64 * (n * h + L * w * h + n * L * w)),
-        "context_kv + write_mla_cache (full)": (ckv_full, gemm_flops, f64 * (n * h + L * w * h + 2 * L * n * w)),
+            lambda: x @ merged.T, gemm_flops, F64 * (n * h + L * w * h + n * L * w)),
+        "precompute_context_kv (full, with cache)": (
+            ckv_full, gemm_flops, F64 * (n * h + L * w * h + 2 * L * n * w)),
+        "context_kv, then write_mla_cache": (
+            ckv_two_calls, gemm_flops, F64 * (n * h + L * w * h + 2 * L * n * w)),
         "context_kv (no cache write)": (
-            lambda: mla.context_kv(x, kv_w, norm_w, pos, ds.rope, ds.eps), gemm_flops, f64 * (n * h + L * w * h)),
+            lambda: mla.context_kv(x, kv_w, norm_w, pos, ds.rope, ds.eps), gemm_flops, F64 * (n * h + L * w * h)),
         "context_kv_unfused (5 full GEMMs)": (
             lambda: mla.context_kv_unfused(x, full_w, norm_w, pos, ds.rope, ds.eps),
-            2.0 * n * h * L * ds.fused_qkv_a_width, f64 * (n * h + L * ds.fused_qkv_a_width * h)),
+            2.0 * n * h * L * ds.fused_qkv_a_width, F64 * (n * h + L * ds.fused_qkv_a_width * h)),
+    }
+
+
+def _attn_res_cases(n: int, device: torch.device) -> Cases:
+    d, h, nb = Draw(1, device), 7168, 8
+    prefix, delta, blocks = d.normal((n, h)), d.normal((n, h)), d.normal((n, nb, h))
+    nw, qk, ow = d.positive((h,)), d.normal((h,)), d.positive((h,))
+    return {
         "attn_res (9 sources, output norm)": (
             lambda: attn_res.attn_res(prefix, delta, blocks, nw, qk, ow, nb, -1, 1e-5, 1e-5),
-            6.0 * n * (nb + 1) * h, f64 * n * h * (nb + 4)),
+            6.0 * n * (nb + 1) * h, F64 * n * h * (nb + 4)),
+    }
+
+
+def _projection_cases(n: int, device: torch.device) -> Cases:
+    df = geometry.preset("k3-dflash")
+    assert isinstance(df, geometry.DFlashGeometry)
+    d, h = Draw(2, device), df.hidden
+    k = len(df.target_taps)
+    taps, fc, fc_norm = d.normal((k, n, h)), d.normal((h, k * h), (k * h) ** -0.5), d.positive((h,))
+    flops, nbytes = 2.0 * n * k * h * h, F64 * (k * n * h + k * h * h + n * h)
+    return {
         "project_context (6 taps, unsharded)": (
-            lambda: partial_projection.project_context(taps, fc, fc_norm, 1e-5),
-            2.0 * n * k * h * h, f64 * (k * n * h + k * h * h + n * h)),
+            lambda: partial_projection.project_context(taps, fc, fc_norm, 1e-5), flops, nbytes),
         "project_context (6 taps, 3 stages)": (
             lambda: partial_projection.project_context(taps, fc, fc_norm, 1e-5, [[0, 1], [2, 3], [4, 5]]),
-            2.0 * n * k * h * h, f64 * (k * n * h + k * h * h + n * h)),
+            flops, nbytes),
+    }
+
+
+def _draft_cases(n: int, device: torch.device) -> Cases:
+    df = geometry.preset("k3-dflash")
+    assert isinstance(df, geometry.DFlashGeometry)
+    d, h = Draw(3, device), df.hidden
+    kd = df.num_kv_heads * df.head_dim
+    ctx, pos = d.normal((n, h)), torch.arange(n, device=device)
+    k_w, v_w = d.normal((df.num_layers, kd, h), h**-0.5), d.normal((df.num_layers, kd, h), h**-0.5)
+    k_norm = d.positive((df.num_layers, df.head_dim))
+    return {
         "draft_context_kv (6 layers, 8x128)": (
             lambda: partial_projection.draft_context_kv(ctx, k_w, v_w, k_norm, pos, df.rope, df.eps),
-            4.0 * n * h * df.num_layers * kd, f64 * (n * h + 2 * df.num_layers * kd * (h + n))),
+            4.0 * n * h * df.num_layers * kd, F64 * (n * h + 2 * df.num_layers * kd * (h + n))),
     }
+
+
+GROUPS = (_context_cases, _attn_res_cases, _projection_cases, _draft_cases)
 
 
 def _cpu_cuda_agreement() -> float:
@@ -144,6 +185,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=None, help="default: 10 on CUDA, 1 on the CPU")
     ap.add_argument("--only", default=None, help="comma-separated substrings of case names to run")
     ap.add_argument("--csv", default=None)
+    ap.add_argument("--profile", action="store_true", help="print torch.profiler's top kernels per case")
     args = ap.parse_args()
     device = torch.device(args.device)
     reps = args.reps or (10 if device.type == "cuda" else 1)
@@ -151,23 +193,26 @@ def main() -> None:
     print(f"# oracle throughput on {name}, torch {torch.__version__}, reps {reps} (median)", flush=True)
     rows = []
     for n in [int(t) for t in args.tokens.split(",")]:
-        cases = _cases(n, device)
         gemm_s = None
-        for case, (fn, flops, nbytes) in cases.items():
-            if args.only and not any(s in case for s in args.only.split(",")) and "plain" not in case:
-                continue
-            print(f"  N={n}: {case} ...", file=sys.stderr, flush=True)
-            s = _time(fn, device, reps)
-            if "plain" in case:
-                gemm_s = s
-            rows.append({
-                "device": name, "tokens": n, "oracle": case, "ms": s * 1e3,
-                "x_gemm": s / gemm_s if gemm_s else float("nan"),
-                "TFLOP/s": flops / s / 1e12, "GB/s (min bytes)": nbytes / s / 1e9,
-            })
-        del cases
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        for group in GROUPS:  # one group's tensors at a time: the CPU has 24 GiB
+            cases = group(n, device)
+            for case, (fn, flops, nbytes) in cases.items():
+                if args.only and not any(s in case for s in args.only.split(",")) and "plain" not in case:
+                    continue
+                print(f"  N={n}: {case} ...", file=sys.stderr, flush=True)
+                s = _time(fn, device, reps)
+                if args.profile:
+                    _profile(fn, device)
+                if "plain" in case:
+                    gemm_s = s
+                rows.append({
+                    "device": name, "tokens": n, "oracle": case, "ms": s * 1e3,
+                    "x_gemm": s / gemm_s if gemm_s else float("nan"),
+                    "TFLOP/s": flops / s / 1e12, "GB/s (min bytes)": nbytes / s / 1e9,
+                })
+            del cases
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     header = f"| {'N':>5} | {'oracle':<40} | {'ms':>9} | {'x GEMM':>7} | {'TFLOP/s':>8} | {'GB/s':>7} |"
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")

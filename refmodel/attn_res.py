@@ -30,7 +30,9 @@ def mix(sources: torch.Tensor, q: torch.Tensor, eps: float) -> torch.Tensor:
     sources: [T, S, H]; q: [H] (= norm_weight * qk_weight). Returns [T, H]:
     sum_j softmax_j(dot(v_j, q) * rsqrt(mean(v_j^2) + eps)) v_j.
     """
-    logits = (sources @ q) * torch.rsqrt(sources.square().mean(dim=-1) + eps)  # [T, S]
+    h = sources.shape[-1]
+    ms = torch.linalg.vector_norm(sources, dim=-1).square_().div_(h)  # mean(v^2) without a [T, S, H] temporary
+    logits = (sources @ q) * torch.rsqrt(ms + eps)  # [T, S]
     alpha = torch.softmax(logits, dim=-1)  # [T, S]
     return torch.einsum("ts,tsh->th", alpha, sources)
 
@@ -60,20 +62,22 @@ def attn_res(
     block_write_idx := p; sources blocks[:, :num_blocks] then p; the mixture,
     then the output RMSNorm when output_norm_weight is given.
     """
-    checks.float64("prefix", prefix, (None, None))
+    checks.float64("prefix", prefix, (None, None), finite=False)
     t, h = prefix.shape
     if delta is not None:
-        checks.float64("delta", delta, (t, h))
-    checks.float64("blocks", blocks, (t, None, h))
+        checks.float64("delta", delta, (t, h), finite=False)
+    checks.float64("blocks", blocks, (t, None, h), finite=False)
     bank = blocks.shape[1]
-    checks.float64("norm_weight", norm_weight, (h,))
-    checks.float64("qk_weight", qk_weight, (h,))
+    checks.float64("norm_weight", norm_weight, (h,), finite=False)
+    checks.float64("qk_weight", qk_weight, (h,), finite=False)
     if output_norm_weight is not None:
-        checks.float64("output_norm_weight", output_norm_weight, (h,))
-    checks.same_device(
+        checks.float64("output_norm_weight", output_norm_weight, (h,), finite=False)
+    tensors = dict(
         prefix=prefix, delta=delta, blocks=blocks, norm_weight=norm_weight,
         qk_weight=qk_weight, output_norm_weight=output_norm_weight,
     )
+    checks.same_device(**tensors)
+    checks.all_finite(**tensors)
     if not isinstance(num_blocks, int) or not 0 <= num_blocks <= bank:
         raise ValueError(f"num_blocks: expected an int in [0, {bank}] (the bank size), got {num_blocks!r}")
     if not isinstance(block_write_idx, int) or not -1 <= block_write_idx < bank:

@@ -9,6 +9,8 @@ and passing them as ints to the next.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 Shape = tuple[int | None, ...]
@@ -21,10 +23,16 @@ def float64(name: str, t: object, shape: Shape | None = None, *, finite: bool = 
     if t.dtype != torch.float64:
         raise ValueError(f"{name}: expected dtype torch.float64, got {t.dtype}")
     _shape(name, t, shape)
-    if finite and t.numel() and t.device.type != "meta" and not bool(torch.isfinite(t).all()):
-        bad = int((~torch.isfinite(t)).sum())
-        raise ValueError(f"{name}: expected finite values, found {bad} NaN/Inf")
+    if finite:
+        all_finite(**{name: t})
     return t
+
+
+def all_finite(**tensors: torch.Tensor | None) -> None:
+    """Check several float tensors for NaN/Inf with one device sync; the error names the first bad one."""
+    d = Deferred()
+    d.finite(**tensors)
+    d.raise_first()
 
 
 def integer(name: str, t: object, shape: Shape | None = None) -> torch.Tensor:
@@ -75,3 +83,41 @@ def nonnegative_float(name: str, value: float) -> float:
     if not (v >= 0.0 and v < float("inf")):
         raise ValueError(f"{name}: expected a finite value >= 0, got {value}")
     return v
+
+
+class Deferred:
+    """Value checks that need the data (finiteness, ranges) resolved with ONE device sync.
+
+    Hot oracle paths queue their checks, launch their arithmetic, then call
+    `raise_first()` before returning, so on a GPU the checks never stall the
+    work; a failing check still raises before any result is returned.
+    """
+
+    def __init__(self) -> None:
+        self._flags: list[torch.Tensor] = []
+        self._messages: list[Callable[[], str]] = []
+
+    def require(self, ok: torch.Tensor, message: Callable[[], str]) -> None:
+        """Queue a 0-d bool tensor that must be True; message() builds the error text."""
+        self._flags.append(ok.reshape(()))
+        self._messages.append(message)
+
+    def finite(self, **tensors: torch.Tensor | None) -> None:
+        """Queue NaN/Inf checks of float tensors (aminmax: one pass, NaN propagates)."""
+        for name, t in tensors.items():
+            if t is None or not t.numel() or t.device.type == "meta":
+                continue
+            ok = torch.isfinite(torch.stack(torch.aminmax(t))).all()
+            self.require(ok, _nonfinite_message(name, t))
+
+    def raise_first(self) -> None:
+        if not self._flags:
+            return
+        oks = torch.stack([f.to(self._flags[0].device) for f in self._flags]).tolist()  # the one sync
+        for ok, message in zip(oks, self._messages):
+            if not ok:
+                raise ValueError(message())
+
+
+def _nonfinite_message(name: str, t: torch.Tensor) -> Callable[[], str]:
+    return lambda: f"{name}: expected finite values, found {int((~torch.isfinite(t)).sum())} NaN/Inf"

@@ -41,20 +41,38 @@ def _check_common(
     eps: float,
     weight_name: str,
 ) -> tuple[int, int, int]:
-    checks.float64("context_states", context_states, (None, None))
+    checks.float64("context_states", context_states, (None, None), finite=False)
     n, h = context_states.shape
-    checks.float64(weight_name, weight, (None, None, h))
+    checks.float64(weight_name, weight, (None, None, h), finite=False)
     num_layers = weight.shape[0]
-    checks.float64("kv_norm_weight", kv_norm_weight, (num_layers, None))
+    checks.float64("kv_norm_weight", kv_norm_weight, (num_layers, None), finite=False)
     checks.integer("positions", positions, (n,))
     checks.same_device(
         context_states=context_states, **{weight_name: weight},
         kv_norm_weight=kv_norm_weight, positions=positions,
     )
     checks.positive_float("eps", eps)
-    if positions.numel() and int(positions.min()) < 0:
-        raise ValueError(f"positions: expected values >= 0, got min {int(positions.min())}")
+    rope_width = weight.shape[1] - kv_norm_weight.shape[1]
+    if weight_name == "kv_a_weight" and rope_width < spec.rotary_dim:
+        raise ValueError(
+            f"kv_a_weight: expected dim 1 >= kv_lora {kv_norm_weight.shape[1]} + rotary_dim "
+            f"{spec.rotary_dim}, got {weight.shape[1]}"
+        )
     return n, num_layers, kv_norm_weight.shape[1]
+
+
+def _queue_value_checks(
+    context_states: torch.Tensor, weight: torch.Tensor, kv_norm_weight: torch.Tensor, positions: torch.Tensor,
+    weight_name: str,
+) -> checks.Deferred:
+    """Finiteness and position checks, queued AFTER the GEMM is launched so that on a GPU
+    their launches overlap it; resolved by deferred.raise_first() before any result returns."""
+    deferred = checks.Deferred()
+    deferred.finite(context_states=context_states, **{weight_name: weight}, kv_norm_weight=kv_norm_weight)
+    if positions.numel():
+        deferred.require(positions.min() >= 0,
+                         lambda: f"positions: expected values >= 0, got min {int(positions.min())}")
+    return deferred
 
 
 def context_kv(
@@ -71,15 +89,22 @@ def context_kv(
     kv_a_proj_with_mqa); kv_norm_weight: [L, kv_lora]; positions: [N] int.
     Returns kv_c [L, N, kv_lora] (normed) and k_pe [L, N, rope] (rotated).
     """
-    n, num_layers, kv_lora = _check_common(
-        context_states, kv_a_weight, kv_norm_weight, positions, rope_spec, eps, "kv_a_weight"
-    )
-    width = kv_a_weight.shape[1]
-    if width - kv_lora < rope_spec.rotary_dim:
-        raise ValueError(
-            f"kv_a_weight: expected dim 1 >= kv_lora {kv_lora} + rotary_dim "
-            f"{rope_spec.rotary_dim}, got {width}"
-        )
+    _check_common(context_states, kv_a_weight, kv_norm_weight, positions, rope_spec, eps, "kv_a_weight")
+    out = _fused(context_states, kv_a_weight, kv_norm_weight, positions, rope_spec, eps)
+    _queue_value_checks(context_states, kv_a_weight, kv_norm_weight, positions, "kv_a_weight").raise_first()
+    return out
+
+
+def _fused(
+    context_states: torch.Tensor,
+    kv_a_weight: torch.Tensor,
+    kv_norm_weight: torch.Tensor,
+    positions: torch.Tensor,
+    rope_spec: RopeSpec,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    n = context_states.shape[0]
+    num_layers, width = kv_a_weight.shape[0], kv_a_weight.shape[1]
     merged = kv_a_weight.reshape(num_layers * width, -1)  # rows [W*l, W*(l+1)) = layer l
     all_kv = (context_states @ merged.T).view(n, num_layers, width).transpose(0, 1)  # [L, N, W]
     return _norm_rope(all_kv, kv_norm_weight, positions, rope_spec, eps)
@@ -118,7 +143,10 @@ def context_kv_unfused(
         full = context_states @ fused_qkv_a_weight[layer].T  # [N, q_lora + kv_lora + rope]
         per_layer.append(full[:, q_lora:])  # Q computed, then discarded
     all_kv = torch.stack(per_layer)  # [L, N, kv_lora + rope]
-    return _norm_rope(all_kv, kv_norm_weight, positions, rope_spec, eps)
+    out = _norm_rope(all_kv, kv_norm_weight, positions, rope_spec, eps)
+    _queue_value_checks(context_states, fused_qkv_a_weight, kv_norm_weight, positions,
+                        "fused_qkv_a_weight").raise_first()
+    return out
 
 
 def write_mla_cache(
@@ -133,34 +161,89 @@ def write_mla_cache(
     k_pe: [L, N, rope]; slot_mapping: [N] (shared by layers) or [L, N], int.
     Slot s lands at (s // block_size, s % block_size); s < 0 is skipped; a slot
     beyond the cache, or a slot used twice in one layer, is an error.
-    Returns new caches; the input is not modified.
+    Returns new caches; the input is not modified. Caches are storage, not
+    arithmetic input: untouched slots may hold anything (NaN included, as
+    torch.empty memory does) and pass through unchanged.
     """
-    checks.float64("caches", caches, (None, None, None, None))
-    num_layers, num_blocks, block_size, width = caches.shape
-    checks.float64("kv_c", kv_c, (num_layers, None, None))
-    n, kv_lora = kv_c.shape[1], kv_c.shape[2]
-    checks.float64("k_pe", k_pe, (num_layers, n, width - kv_lora))
+    checks.float64("kv_c", kv_c, (None, None, None), finite=False)
+    checks.float64("k_pe", k_pe, (kv_c.shape[0], kv_c.shape[1], None), finite=False)
+    slots = _check_write(caches, kv_c.shape[0], kv_c.shape[1], kv_c.shape[2] + k_pe.shape[2], slot_mapping)
+    checks.same_device(caches=caches, kv_c=kv_c, k_pe=k_pe, slot_mapping=slot_mapping)
+    deferred = checks.Deferred()
+    deferred.finite(kv_c=kv_c, k_pe=k_pe)
+    out = _write(caches, kv_c, k_pe, slots, deferred)
+    deferred.raise_first()
+    return out
+
+
+def precompute_context_kv(
+    context_states: torch.Tensor,
+    kv_a_weight: torch.Tensor,
+    kv_norm_weight: torch.Tensor,
+    positions: torch.Tensor,
+    rope_spec: RopeSpec,
+    eps: float,
+    caches: torch.Tensor | None = None,
+    slot_mapping: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The whole context-KV path in one call, as `_precompute_fused_context_kv` runs it.
+
+    `context_kv` then, when slot_mapping is given, `write_mla_cache` into
+    caches; slot_mapping None computes only (new caches None). Validation is
+    resolved with one device sync at the end. Returns (kv_c, k_pe, new_caches).
+    """
+    n, num_layers, kv_lora = _check_common(
+        context_states, kv_a_weight, kv_norm_weight, positions, rope_spec, eps, "kv_a_weight"
+    )
+    width = kv_a_weight.shape[1]
+    if (caches is None) != (slot_mapping is None):
+        raise ValueError("slot_mapping: expected caches and slot_mapping both given or both None")
+    slots = None
+    if caches is not None and slot_mapping is not None:
+        slots = _check_write(caches, num_layers, n, width, slot_mapping)
+        checks.same_device(context_states=context_states, caches=caches, slot_mapping=slot_mapping)
+    kv_c, k_pe = _fused(context_states, kv_a_weight, kv_norm_weight, positions, rope_spec, eps)
+    deferred = _queue_value_checks(context_states, kv_a_weight, kv_norm_weight, positions, "kv_a_weight")
+    new_caches = None if caches is None or slots is None else _write(caches, kv_c, k_pe, slots, deferred)
+    deferred.raise_first()
+    return kv_c, k_pe, new_caches
+
+
+def _check_write(
+    caches: torch.Tensor, num_layers: int, n: int, width: int, slot_mapping: torch.Tensor
+) -> torch.Tensor:
+    """Shape checks of a cache write; returns the slots as [L, N]."""
+    checks.float64("caches", caches, (num_layers, None, None, width), finite=False)
     if slot_mapping.dim() == 1:
         checks.integer("slot_mapping", slot_mapping, (n,))
-        slots = slot_mapping.unsqueeze(0).expand(num_layers, n)
-    else:
-        checks.integer("slot_mapping", slot_mapping, (num_layers, n))
-        slots = slot_mapping
-    checks.same_device(caches=caches, kv_c=kv_c, k_pe=k_pe, slot_mapping=slot_mapping)
+        return slot_mapping.unsqueeze(0).expand(num_layers, n)
+    checks.integer("slot_mapping", slot_mapping, (num_layers, n))
+    return slot_mapping
+
+
+def _write(
+    caches: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, slots: torch.Tensor, deferred: checks.Deferred
+) -> torch.Tensor:
+    num_layers, num_blocks, block_size, width = caches.shape
     capacity = num_blocks * block_size
-    if slots.numel() and int(slots.max()) >= capacity:
-        raise ValueError(
-            f"slot_mapping: expected slots < {capacity} (num_blocks * block_size), "
-            f"got {int(slots.max())}"
-        )
-    out = caches.clone()
-    flat = out.view(num_layers, capacity, width)  # slot s = row s of the layer's pages
-    entries = torch.cat([kv_c, k_pe], dim=-1)  # [L, N, width]
-    for layer in range(num_layers):
-        s = slots[layer].to(torch.int64)
-        keep = s >= 0
-        used = s[keep]
-        if used.numel() != used.unique().numel():
-            raise ValueError(f"slot_mapping: layer {layer} uses a slot more than once")
-        flat[layer, used] = entries[layer, keep]
+    # one spare row past the layers' pages absorbs skipped (< 0) and out-of-range slots,
+    # so the write needs no sync; the spare row is cut off before returning
+    spare = num_layers * capacity
+    ext = torch.empty(spare + 1, width, dtype=caches.dtype, device=caches.device)
+    ext[:spare].copy_(caches.view(spare, width))
+    out = ext[:spare].view(caches.shape)
+    if slots.numel() == 0:
+        return out
+    s64 = slots.to(torch.int64)
+    deferred.require(s64.max() < capacity, lambda: (
+        f"slot_mapping: expected slots < {capacity} (num_blocks * block_size), got {int(s64.max())}"))
+    layer_base = capacity * torch.arange(num_layers, device=s64.device)[:, None]
+    rows = torch.where((s64 >= 0) & (s64 < capacity), s64 + layer_base, spare).flatten()  # layer l, slot s
+    ordered = rows.sort().values
+    repeated = (ordered[1:] == ordered[:-1]) & (ordered[1:] < spare)
+    deferred.require(~repeated.any(), lambda: (
+        f"slot_mapping: layer {int(ordered[1:][repeated][0]) // capacity} uses a slot more than once"))
+    # row l * capacity + s of the flat view = layer l, block s // block_size, offset s % block_size
+    entries = torch.cat([kv_c, k_pe], dim=-1).view(-1, width)  # row l * N + t = layer l, token t
+    ext.index_copy_(0, rows, entries)
     return out

@@ -10,6 +10,7 @@ range), but evaluates every angle in float64. The paper: Peng et al. 2023,
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -47,17 +48,32 @@ def correction_range(spec: RopeSpec) -> tuple[int, int]:
 
 
 def inv_freq(spec: RopeSpec, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Inverse frequencies, float64: [rotary_dim / 2]."""
+    """Inverse frequencies, float64: [rotary_dim / 2].
+
+    Always evaluated on the CPU (so every device sees the same bits) and
+    cached per (spec, device): a host-to-device copy inside a GPU call would
+    otherwise stall the host behind queued kernels. The result is read-only
+    by convention; callers must not modify it.
+    """
+    return _inv_freq_on(spec, str(torch.device(device)))
+
+
+@functools.lru_cache(maxsize=128)
+def _inv_freq_on(spec: RopeSpec, device: str) -> torch.Tensor:
+    return _inv_freq_cpu(spec).to(device)
+
+
+def _inv_freq_cpu(spec: RopeSpec) -> torch.Tensor:
     d = spec.rotary_dim
-    exponents = torch.arange(0, d, 2, dtype=torch.float64, device=device) / d
-    pos_freqs = torch.pow(torch.tensor(spec.theta, dtype=torch.float64, device=device), exponents)
+    exponents = torch.arange(0, d, 2, dtype=torch.float64) / d
+    pos_freqs = torch.pow(torch.tensor(spec.theta, dtype=torch.float64), exponents)
     extrapolation = 1.0 / pos_freqs
     if spec.yarn is None:
         return extrapolation
     interpolation = 1.0 / (spec.yarn.factor * pos_freqs)
     low, high = correction_range(spec)
     hi = high + 0.001 if low == high else float(high)  # YaRN's guard against 0/0
-    ramp = ((torch.arange(d // 2, dtype=torch.float64, device=device) - low) / (hi - low)).clamp(0, 1)
+    ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / (hi - low)).clamp(0, 1)
     keep = 1.0 - ramp  # 1 -> pure extrapolation (high-frequency pairs), 0 -> interpolation
     return interpolation * (1.0 - keep) + extrapolation * keep
 
@@ -112,4 +128,4 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, spec: RopeSpec) -> torch.Te
     else:
         a, b = rot[..., : d // 2], rot[..., d // 2 :]  # pairs (i, i + d/2)
         out = torch.cat([a * c - b * s, b * c + a * s], dim=-1)
-    return torch.cat([out, rest], dim=-1)
+    return out if rest.shape[-1] == 0 else torch.cat([out, rest], dim=-1)

@@ -105,3 +105,24 @@ def test_head_aware_plan_fills_every_destination_byte_exactly_once(layout: str, 
                         want = src.addr(src.owner_of(head), sp, tok, head) + k
                         assert written.pop(dst.addr(r, dp, tok, head) + k) == want
     assert not written, "bytes written outside the destination pages"
+
+
+@given(seed=st.integers(0, 2**32 - 1), with_cache=st.booleans())
+def test_precompute_context_kv_is_context_kv_then_write(seed: int, with_cache: bool) -> None:
+    g = geometry.preset("tiny-dspark")
+    assert isinstance(g, geometry.MLADraftGeometry)
+    d = Draw(seed)
+    n = 6
+    x, w = d.normal((n, g.hidden)), d.normal((g.num_layers, g.kv_width, g.hidden))
+    nw, pos = d.positive((g.num_layers, g.kv_lora_rank)), d.integers(0, 100, (n,))
+    caches = d.normal((g.num_layers, 4, 4, g.kv_width)) if with_cache else None
+    slots = d.permutation(16)[:n] - 2 if with_cache else None  # some slots negative
+    kv_c, k_pe, new = mla.precompute_context_kv(x, w, nw, pos, g.rope, g.eps, caches, slots)
+    want_c, want_pe = mla.context_kv(x, w, nw, pos, g.rope, g.eps)
+    assert_bitwise_equal(kv_c, want_c, "kv_c")
+    assert_bitwise_equal(k_pe, want_pe, "k_pe")
+    if caches is None or slots is None:
+        assert new is None, "no slot mapping: compute only"
+    else:
+        assert new is not None
+        assert_bitwise_equal(new, mla.write_mla_cache(caches, want_c, want_pe, slots), "caches")

@@ -15,6 +15,7 @@ No test carries a bare tolerance: it asks this module.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -89,3 +90,36 @@ def f64_identity_rtol(n: int) -> float:
 def baseline_budget(err_baseline: float, out_magnitude: float, dtype: torch.dtype) -> float:
     """Rule 1: c * err(baseline) + one rounding (u of the output dtype) at the output's magnitude."""
     return BASELINE_FACTOR * err_baseline + unit_roundoff(dtype) * out_magnitude
+
+
+@dataclass(frozen=True)
+class Budget:
+    """An error budget (absolute, in max-abs terms) and the rule that produced it."""
+
+    value: float
+    rule: str
+    baseline_err: float = math.nan
+
+
+def baseline_rule(
+    err_baseline: float, ref_max: float, out_dtype: torch.dtype, *, extra: float = 0.0, extra_rule: str = ""
+) -> Budget:
+    """Rule 1 with c = BASELINE_FACTOR, plus an optional derived `extra` term (named in extra_rule)."""
+    value = baseline_budget(err_baseline, ref_max, out_dtype) + extra
+    rule = f"{BASELINE_FACTOR:g}*err(baseline)+u({_name(out_dtype)})*max|ref|"
+    if extra_rule:
+        rule += f"+{extra_rule}"
+    return Budget(value, rule, err_baseline)
+
+
+def theory_rule(ref_max: float, out_dtype: torch.dtype, roundings: int, *, acc_term: float = 0.0,
+                acc_rule: str = "") -> Budget:
+    """Rule 2: `roundings` roundings to the output dtype at the output's magnitude, plus the
+    accumulation term of the reductions (a probabilistic() bound, named in acc_rule)."""
+    value = roundings * unit_roundoff(out_dtype) * ref_max + acc_term
+    rule = f"{roundings}*u({_name(out_dtype)})*max|ref|" + (f"+{acc_rule}" if acc_rule else "")
+    return Budget(value, rule)
+
+
+def _name(dtype: torch.dtype | str) -> str:
+    return str(dtype).replace("torch.", "")

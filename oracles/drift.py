@@ -1,0 +1,64 @@
+"""The session-level drift collector: every Record of a run, written to CSV with pandas.
+
+`COLLECTOR.add(record)` is called by the properties; the root conftest writes
+the CSV (atomically: a temporary file in the target folder, then os.replace)
+when the session ends, and prints the worst err/budget ratio per engine and
+subject. Schema: the fields of oracles.records.Record, in order (documented
+in properties/README.md).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import fields
+from pathlib import Path
+
+import pandas as pd
+
+from oracles.records import FAIL, Record
+
+COLUMNS = [f.name for f in fields(Record) if f.name != "extra"]
+
+
+class DriftCollector:
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+
+    def add(self, record: Record) -> Record:
+        self.records.append(record)
+        return record
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame([r.row() for r in self.records], columns=COLUMNS)
+
+    def write_csv(self, path: str | os.PathLike[str]) -> Path:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(fd, "w", newline="") as fh:
+                self.frame().to_csv(fh, index=False)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return target
+
+    def summary(self) -> pd.DataFrame:
+        """Worst ratio per (engine, subject), with the record count and failures."""
+        df = self.frame()
+        if df.empty:
+            return df
+        judged = df[df["verdict"] != "info"]
+        if judged.empty:
+            return judged
+        g = judged.groupby(["engine", "subject"], sort=True)
+        out = g.agg(records=("ratio", "size"), worst_ratio=("ratio", "max"),
+                    failures=("verdict", lambda v: int((v == FAIL).sum())))
+        worst_prop = judged.loc[g["ratio"].idxmax(), ["engine", "subject", "property"]]
+        return out.reset_index().merge(worst_prop.rename(columns={"property": "worst_property"}),
+                                       on=["engine", "subject"])
+
+
+COLLECTOR = DriftCollector()

@@ -1,0 +1,117 @@
+"""One record per oracle comparison: what was compared, how far apart, against which budget, verdict.
+
+The record is the unit of the drift report: every property that compares a
+subject with the oracle builds one with `judge`, and the session collector
+(oracles.drift) writes them all to CSV.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from oracles.budgets import Budget
+from oracles.metrics import compare
+
+PASS, FAIL, INFO = "pass", "fail", "info"
+
+
+@dataclass(frozen=True)
+class Record:
+    property: str
+    engine: str
+    engine_version: str
+    mode: str
+    real_ops: str
+    source_sha256: str
+    subject: str
+    device: str
+    dtype: str
+    shape: str
+    reduction_len: int
+    seed: int
+    max_abs: float
+    rel_fro: float
+    max_ulp: float
+    cosine: float
+    nonfinite_mismatch: int
+    worst: str
+    baseline_err: float
+    budget: float
+    budget_rule: str
+    ratio: float
+    verdict: str
+    detail: str = ""
+    extra: dict[str, object] = field(default_factory=dict)
+
+    def row(self) -> dict[str, object]:
+        d = asdict(self)
+        d.pop("extra")
+        return d
+
+
+def judge(
+    *,
+    property: str,
+    engine: object,
+    subject: str,
+    actual: torch.Tensor,
+    reference: torch.Tensor,
+    budget: Budget,
+    seed: int,
+    reduction_len: int = 0,
+    detail: str = "",
+    verdict: str | None = None,
+) -> Record:
+    """Compare actual (the subject's output, any dtype) with reference (float64) against budget.
+
+    `engine` is an engines.base.Engine (duck-typed to keep oracles free of engine imports).
+    The verdict is `fail` on any NaN/Inf disagreement or max_abs > budget; pass `verdict=INFO`
+    for a measurement that is reported but not judged.
+    """
+    m = compare(actual, reference)
+    if budget.value > 0:
+        ratio = m.max_abs / budget.value
+    else:
+        ratio = 0.0 if m.max_abs == 0 else math.inf
+    if verdict is None:
+        verdict = PASS if m.nonfinite_mismatch == 0 and m.max_abs <= budget.value else FAIL
+    sha = getattr(engine, "source_sha256", {}).get(subject, "")
+    return Record(
+        property=property,
+        engine=getattr(engine, "name"),
+        engine_version=getattr(engine, "version"),
+        mode=getattr(engine, "mode"),
+        real_ops=getattr(engine, "real_ops", ""),
+        source_sha256=sha,
+        subject=subject,
+        device=str(actual.device),
+        dtype=str(actual.dtype).replace("torch.", ""),
+        shape="x".join(map(str, actual.shape)),
+        reduction_len=reduction_len,
+        seed=seed,
+        max_abs=m.max_abs,
+        rel_fro=m.rel_fro,
+        max_ulp=m.max_ulp,
+        cosine=m.cosine,
+        nonfinite_mismatch=m.nonfinite_mismatch,
+        worst=";".join(",".join(map(str, w)) for w in m.worst),
+        baseline_err=budget.baseline_err,
+        budget=budget.value,
+        budget_rule=budget.rule,
+        ratio=ratio,
+        verdict=verdict,
+        detail=detail,
+    )
+
+
+def failure_message(r: Record) -> str:
+    return (
+        f"{r.property} [{r.engine} {r.engine_version}, {r.mode}] {r.subject} {r.dtype} {r.shape} seed={r.seed}: "
+        f"max_abs {r.max_abs:.3e} > budget {r.budget:.3e} ({r.budget_rule}; baseline err "
+        f"{r.baseline_err:.3e}); ratio {r.ratio:.2f}; rel_fro {r.rel_fro:.3e}; max_ulp {r.max_ulp:.1f}; "
+        f"cosine {r.cosine:.6f}; NaN/Inf mismatches {r.nonfinite_mismatch}; worst at {r.worst or '-'}"
+        + (f"; {r.detail}" if r.detail else "")
+    )

@@ -1,0 +1,88 @@
+"""The subject interfaces (one per path) and the Engine that bundles an implementation's subjects.
+
+A subject is a callable with a fixed signature that runs the code under test
+in its own precision; an engine declares which subjects it provides and what
+it is (name, version, mode, which ops are real, the sha256 of each subject's
+source). Properties ask an engine for a subject by name; a missing one skips
+the test with a reason naming the engine and the subject.
+
+Subject signatures (tensors in the engine's dtype, bf16 unless stated):
+- CONTEXT_KV_FUSED(context_states [N,H], kv_a_weight [L,W,H], kv_norm_weight [L,kv_lora],
+  positions [N] int, rope: RopeSpec, eps, caches [L,NB,BS,W] | None,
+  slot_mapping [N] | [L,N] | None) -> (kv_c [L,N,kv_lora], k_pe [L,N,W-kv_lora]);
+  caches written in place at the slots (None: compute only).
+- CONTEXT_KV_UNFUSED(context_states, fused_qkv_a_weight [L,Q+W,H], kv_norm_weight,
+  positions, rope, eps) -> (kv_c, k_pe): per layer the full projection, Q discarded.
+- ATTN_RES(prefix [T,H], delta [T,H] | None, blocks [T,NB,H], norm_weight [H],
+  qk_weight [H], output_norm_weight [H] | None, num_blocks, block_write_idx, eps,
+  output_norm_eps) -> output [T,H]; prefix and blocks updated in place (BRIEF §2).
+- AUX_CAPTURE(layer_idx, prefix_sum [T,H], pending [T,H] | None, bank [T,NB,H], *,
+  enabled, weights: AttnResWeights | None, block_size, end_layer, num_layers,
+  is_last_rank, eps, non_final_stage) -> tap [T,H].
+- STAGE_PARTIAL(taps [K,N,H], fc_weight [H_out,K*H], members: list[int]) -> [N,H_out]:
+  one PP stage's projection of its own taps (no norm).
+- FINALIZE_PROJECTION(partials: list of [N,H_out], norm_weight [H_out], eps,
+  transfer_dtype, order: list[int]) -> ctx [N,H_out]: partials summed in the
+  transfer dtype in `order`, then the norm, once.
+- PROJECT_UNSHARDED(taps, fc_weight, norm_weight, eps) -> ctx: the one-stage baseline.
+- DRAFT_CONTEXT_KV(ctx [N,H], k_weight [L,KVH*D,H], v_weight [L,KVH*D,H],
+  k_norm_weight [L,D], positions [N], rope, eps) -> (k, v) [L,N,KVH,D].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+CONTEXT_KV_FUSED = "context_kv_fused"
+CONTEXT_KV_UNFUSED = "context_kv_unfused"
+ATTN_RES = "attn_res"
+AUX_CAPTURE = "aux_capture"
+STAGE_PARTIAL = "stage_partial"
+FINALIZE_PROJECTION = "finalize_projection"
+PROJECT_UNSHARDED = "project_unsharded"
+DRAFT_CONTEXT_KV = "draft_context_kv"
+
+SUBJECTS = (
+    CONTEXT_KV_FUSED, CONTEXT_KV_UNFUSED, ATTN_RES, AUX_CAPTURE, STAGE_PARTIAL,
+    FINALIZE_PROJECTION, PROJECT_UNSHARDED, DRAFT_CONTEXT_KV,
+)
+
+Subject = Callable[..., Any]
+
+
+class SubjectMissing(LookupError):
+    """The engine does not provide this subject (the reason says why)."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An implementation under test.
+
+    mode: how its code runs ("reference" for our mirror; "import", "source-gpu",
+    "source-interpreter" for real engines). real_ops: which compiled ops were
+    the engine's own ("" when none are involved). source_sha256: subject name ->
+    sha256 of the source file it came from. missing: subject name -> why it is
+    not provided (so a skip always carries a reason).
+    """
+
+    name: str
+    version: str
+    mode: str
+    subjects: dict[str, Subject]
+    real_ops: str = ""
+    source_sha256: dict[str, str] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)
+
+    def subject(self, name: str) -> Subject:
+        if name not in SUBJECTS:
+            raise ValueError(f"subject: unknown name {name!r}; known: {list(SUBJECTS)}")
+        try:
+            return self.subjects[name]
+        except KeyError:
+            why = self.missing.get(name, "not implemented by this engine")
+            raise SubjectMissing(f"engine {self.name} {self.version} has no subject {name}: {why}") from None
+
+    def provides(self, name: str) -> bool:
+        return name in self.subjects

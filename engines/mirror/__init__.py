@@ -1,0 +1,29 @@
+"""The mirror engine: our own low-precision PyTorch implementations of the production algorithms.
+
+It proves the harness before it meets real engines (and serves as the eager
+low-precision baseline the real engines are judged against). CPU and CUDA.
+"""
+
+from __future__ import annotations
+
+from engines import base
+from engines.mirror import attn_res, context_kv, projection
+
+VERSION = "0.1.0"
+
+
+def subjects() -> dict[str, base.Subject]:
+    return {
+        base.CONTEXT_KV_FUSED: context_kv.context_kv_fused,
+        base.CONTEXT_KV_UNFUSED: context_kv.context_kv_unfused,
+        base.ATTN_RES: attn_res.attn_res,
+        base.AUX_CAPTURE: attn_res.capture_aux_stream,
+        base.STAGE_PARTIAL: projection.stage_partial,
+        base.FINALIZE_PROJECTION: projection.finalize_projection,
+        base.PROJECT_UNSHARDED: projection.project_unsharded,
+        base.DRAFT_CONTEXT_KV: projection.draft_context_kv,
+    }
+
+
+def build() -> base.Engine:
+    return base.Engine(name="mirror", version=VERSION, mode="reference", subjects=subjects())

@@ -1,0 +1,88 @@
+"""Mirror of the AttnRes kernel and the aux-state tap, as vLLM 0.33.0 runs them.
+
+The kernel contract (BRIEF §2, `vllm/models/kimi_k3/nvidia/ops/attn_res.py`):
+p = round_to_storage(fp32(prefix) + fp32(delta)) written back into `prefix`
+in place; bank row block_write_idx := p in place; the softmax-over-depth
+mixture of blocks[:num_blocks] and p in fp32; the optional output RMSNorm in
+fp32; one rounding of the output. The tap follows
+`KimiLinearModel._capture_aux_hidden_stream`: fold pending into the prefix
+(never as delta), disabled -> that prefix, else a read-only kernel call with
+the branch's weights.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engines.mirror.context_kv import acc_dtype
+from refmodel.attn_res import AttnResWeights, LayerWiring, NonFinalStageTapError
+
+
+def attn_res(
+    prefix: torch.Tensor,
+    delta: torch.Tensor | None,
+    blocks: torch.Tensor,
+    norm_weight: torch.Tensor,
+    qk_weight: torch.Tensor,
+    output_norm_weight: torch.Tensor | None,
+    num_blocks: int,
+    block_write_idx: int,
+    eps: float,
+    output_norm_eps: float,
+) -> torch.Tensor:
+    a = acc_dtype(prefix.dtype)
+    if delta is not None:
+        prefix.copy_((prefix.to(a) + delta.to(a)).to(prefix.dtype))  # the one write-back
+    p = prefix
+    if block_write_idx >= 0:
+        blocks[:, block_write_idx].copy_(p)
+    if num_blocks == 0:
+        mixed = p.to(a)
+    else:
+        sources = torch.cat([blocks[:, :num_blocks].to(a), p.to(a).unsqueeze(1)], dim=1)  # [T, S, H]
+        q = norm_weight.to(a) * qk_weight.to(a)
+        logits = (sources @ q) * torch.rsqrt(sources.square().mean(-1) + eps)
+        mixed = torch.einsum("ts,tsh->th", torch.softmax(logits, dim=-1), sources)
+    if output_norm_weight is not None:
+        mixed = mixed * torch.rsqrt(mixed.square().mean(-1, keepdim=True) + output_norm_eps)
+        mixed = mixed * output_norm_weight.to(a)
+    return mixed.to(prefix.dtype)
+
+
+def branch_weights(
+    layer_idx: int, weights: AttnResWeights, block_size: int, end_layer: int, num_layers: int, is_last_rank: bool
+) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+    """(norm, proj, num_blocks) of the tap's branch; None for branch 3 (non-final stage end)."""
+    if layer_idx + 1 < end_layer:
+        consumer = LayerWiring(layer_idx + 1, block_size)
+        return weights.attn_res_norm[layer_idx + 1], weights.attn_res_proj[layer_idx + 1], consumer.prev_valid_blocks
+    if is_last_rank:
+        return weights.output_res_norm, weights.output_res_proj, -(-num_layers // block_size)
+    return None
+
+
+def capture_aux_stream(
+    layer_idx: int,
+    prefix_sum: torch.Tensor,
+    pending_mlp_out: torch.Tensor | None,
+    bank: torch.Tensor,
+    *,
+    enabled: bool,
+    weights: AttnResWeights | None,
+    block_size: int,
+    end_layer: int,
+    num_layers: int,
+    is_last_rank: bool,
+    eps: float,
+    non_final_stage: str = "raise",
+) -> torch.Tensor:
+    prefix = prefix_sum if pending_mlp_out is None else prefix_sum + pending_mlp_out
+    if not (enabled and weights is not None):
+        return prefix
+    branch = branch_weights(layer_idx, weights, block_size, end_layer, num_layers, is_last_rank)
+    if branch is None:
+        if non_final_stage == "prefix":
+            return prefix
+        raise NonFinalStageTapError(f"aux tap after layer {layer_idx}: last layer of a non-final PP stage")
+    norm_w, proj_w, nbl = branch
+    return attn_res(prefix, None, bank, norm_w, proj_w, None, nbl, -1, eps, 0.0)

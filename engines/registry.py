@@ -1,0 +1,51 @@
+"""Engine registry: name -> factory. Real engines and test-only engines register here.
+
+`available()` lists the engines whose factories succeed on this machine, with
+the reason for each that does not, so a missing engine is reported, never
+silently dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from engines.base import Engine
+
+Factory = Callable[[], Engine]
+_FACTORIES: dict[str, Factory] = {}
+DEFAULT_ENGINES: list[str] = ["mirror"]
+
+
+class EngineUnavailable(RuntimeError):
+    """An engine cannot be built here (missing source, wrong version, ...)."""
+
+
+def register(name: str, factory: Factory, *, default: bool = False) -> None:
+    _FACTORIES[name] = factory
+    if default and name not in DEFAULT_ENGINES:
+        DEFAULT_ENGINES.append(name)
+
+
+def known() -> list[str]:
+    _load_builtin()
+    return sorted(_FACTORIES)
+
+
+_CACHE: dict[str, Engine] = {}
+
+
+def get(name: str) -> Engine:
+    """Build (once) and return the engine; EngineUnavailable says why it cannot be built."""
+    _load_builtin()
+    if name not in _FACTORIES:
+        raise ValueError(f"--engine: unknown engine {name!r}; known: {sorted(_FACTORIES)}")
+    if name not in _CACHE:
+        _CACHE[name] = _FACTORIES[name]()
+    return _CACHE[name]
+
+
+def _load_builtin() -> None:
+    if "mirror" not in _FACTORIES:
+        from engines import mirror
+
+        register("mirror", mirror.build)

@@ -14,6 +14,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+from engines import registry
+from oracles.drift import COLLECTOR
+
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("dev", max_examples=50, **_COMMON)
 settings.register_profile("ci", max_examples=40, derandomize=True, database=None, print_blob=True, **_COMMON)
@@ -34,6 +37,52 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="PATH",
         help="write every oracle comparison record of the session to PATH (CSV)",
     )
+
+
+def _engine_names(config: pytest.Config) -> list[str]:
+    opt = config.getoption("--engine")
+    if not opt:
+        return list(registry.DEFAULT_ENGINES)
+    names = [n.strip() for n in opt.split(",") if n.strip()]
+    known = registry.known()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise pytest.UsageError(f"--engine: unknown engine(s) {unknown}; known: {known}")
+    return names
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "engine" in metafunc.fixturenames:
+        names = _engine_names(metafunc.config)
+        metafunc.parametrize("engine", names, ids=names, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def engine(request: pytest.FixtureRequest):
+    """The engine under test (from --engine); unavailable engines skip with the reason."""
+    try:
+        return registry.get(request.param)
+    except registry.EngineUnavailable as e:
+        pytest.skip(f"engine {request.param} unavailable: {e}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    path = session.config.getoption("--drift-csv")
+    if path:
+        written = COLLECTOR.write_csv(path)
+        session.config._k3num_csv = (written, len(COLLECTOR.records))  # type: ignore[attr-defined]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    summary = COLLECTOR.summary()
+    if summary.empty:
+        return
+    tr = terminalreporter
+    tr.section("k3-numerics drift: worst err/budget ratio per engine and subject")
+    tr.write_line(summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    written = getattr(config, "_k3num_csv", None)
+    if written:
+        tr.write_line(f"drift CSV: {written[0]} ({written[1]} records)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

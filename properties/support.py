@@ -1,0 +1,48 @@
+"""Shared plumbing of the property tests: subject lookup, reporting, device handling."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import target
+
+from engines.base import Engine, Subject, SubjectMissing
+from oracles.drift import COLLECTOR
+from oracles.metrics import describe_mismatch
+from oracles.records import FAIL, Record, failure_message
+
+LOW = torch.bfloat16  # the production storage dtype of every path here
+
+
+def subject(engine: Engine, name: str) -> Subject:
+    """The engine's subject, or a skip whose reason names engine, version and subject."""
+    try:
+        return engine.subject(name)
+    except SubjectMissing as e:
+        pytest.skip(str(e))
+
+
+def report(record: Record, *, climb: bool = True) -> Record:
+    """Collect the record for the drift CSV, steer hypothesis toward the worst ratio, assert the verdict."""
+    COLLECTOR.add(record)
+    if climb and math.isfinite(record.ratio):
+        part = record.detail.split(";")[0]
+        target(record.ratio, label=f"{record.property}:{record.subject}:{part}")
+    assert record.verdict != FAIL, failure_message(record)
+    return record
+
+
+def assert_bitwise(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Exact contract check: same dtype, shape and bits (NaNs equal)."""
+    same = actual.shape == expected.shape and actual.dtype == expected.dtype and (
+        torch.equal(actual, expected)
+        or (actual.is_floating_point() and bool(((actual == expected) | (actual.isnan() & expected.isnan())).all()))
+    )
+    assert same, f"{what}: not bitwise equal: {describe_mismatch(actual, expected)}"
+
+
+def up(t: torch.Tensor) -> torch.Tensor:
+    """The float64 value the subject actually saw (or returned)."""
+    return t.detach().to(torch.float64)

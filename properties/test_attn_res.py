@@ -1,0 +1,97 @@
+"""Properties of the AttnRes mixing kernel: accuracy, the disabled path, the in-place contracts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engines import base
+from fixtures.builders import AttnResInputs, attn_res_inputs
+from fixtures.strategies import AttnResCase, attn_res_cases
+from oracles import budgets
+from oracles.records import judge
+from properties.support import LOW, assert_bitwise, report, subject, up
+from refmodel import attn_res as ref
+
+DEVICE = "cpu"
+EPS, OUT_EPS = 1e-5, 1e-6
+
+
+def _call(engine, inp: AttnResInputs, case: AttnResCase) -> torch.Tensor:
+    return subject(engine, base.ATTN_RES)(
+        inp.prefix, inp.delta, inp.blocks, inp.norm, inp.qk, inp.out_norm, case.num_blocks, case.block_write_idx,
+        EPS, OUT_EPS,
+    )
+
+
+def mixture_budget(out_ref: torch.Tensor, sources: torch.Tensor, q: torch.Tensor, hidden: int) -> budgets.Budget:
+    """One output rounding, plus fp32 arithmetic: the logits (a length-H dot and a length-H mean),
+    the softmax and the length-S weighted sum each add <= probabilistic(H, u32) relative error,
+    amplified by the logit magnitude (d alpha / alpha = d logit): 4 * probabilistic * (1 + max|logit|)."""
+    logits = (sources @ q) * torch.rsqrt(sources.square().mean(-1) + EPS)
+    ref_max = out_ref.abs().max().item()
+    acc = 4 * budgets.probabilistic(hidden, budgets.U32) * (1 + logits.abs().max().item()) * ref_max
+    return budgets.theory_rule(ref_max, LOW, 1, acc_term=acc, acc_rule="4*lambda*sqrt(H)*u32*(1+max|logit|)")
+
+
+@given(case=attn_res_cases())
+def test_attn_res_within_rounding_budget_of_oracle(engine, case: AttnResCase) -> None:
+    inp = attn_res_inputs(case, LOW, DEVICE)
+    args64 = [up(inp.prefix), None if inp.delta is None else up(inp.delta), up(inp.blocks), up(inp.norm),
+              up(inp.qk), None if inp.out_norm is None else up(inp.out_norm)]
+    out = _call(engine, inp, case)
+    want, new_prefix, new_blocks = ref.attn_res(*args64, case.num_blocks, case.block_write_idx, EPS, OUT_EPS,
+                                                prefix_storage_dtype=LOW)
+    sources = torch.cat([new_blocks[:, : case.num_blocks], new_prefix[:, None]], 1)
+    q = args64[3] * args64[4]
+    budget = mixture_budget(want, sources, q, case.hidden)
+    if case.with_output_norm:
+        # the output norm's own rms (1) on the fp32 mixture: one more rounding-size term
+        budget = dataclasses.replace(budget, value=budget.value + budgets.unit_roundoff(LOW) * budget.value)
+    report(judge(property="attn_res_within_rounding_budget", engine=engine, subject=base.ATTN_RES, actual=out,
+                 reference=want, budget=budget, seed=case.seed, reduction_len=case.hidden * (case.num_blocks + 1),
+                 detail=f"nb={case.num_blocks};write={case.block_write_idx};delta={case.with_delta};"
+                        f"onorm={case.with_output_norm}"))
+
+
+@given(case=attn_res_cases())
+def test_zero_blocks_without_output_norm_returns_the_prefix_bitwise(engine, case: AttnResCase) -> None:
+    case = dataclasses.replace(case, num_blocks=0, with_output_norm=False, block_write_idx=-1, with_delta=False)
+    inp = attn_res_inputs(case, LOW, DEVICE)
+    before = inp.prefix.clone()
+    out = _call(engine, inp, case)
+    assert_bitwise(out, before, "attn_res(num_blocks=0, no output norm)")
+
+
+@given(case=attn_res_cases())
+def test_read_only_call_leaves_prefix_and_bank_bitwise_unchanged(engine, case: AttnResCase) -> None:
+    case = dataclasses.replace(case, with_delta=False, block_write_idx=-1)
+    inp = attn_res_inputs(case, LOW, DEVICE)
+    prefix, blocks = inp.prefix.clone(), inp.blocks.clone()
+    _call(engine, inp, case)
+    assert_bitwise(inp.prefix, prefix, "prefix after a read-only call")
+    assert_bitwise(inp.blocks, blocks, "bank after a read-only call")
+
+
+@given(case=attn_res_cases())
+def test_delta_is_written_back_once_rounded_to_storage(engine, case: AttnResCase) -> None:
+    case = dataclasses.replace(case, with_delta=True)
+    inp = attn_res_inputs(case, LOW, DEVICE)
+    assert inp.delta is not None
+    want = (inp.prefix.float() + inp.delta.float()).to(LOW)  # fp32 sum, one rounding to storage
+    _call(engine, inp, case)
+    assert_bitwise(inp.prefix, want, "prefix after a call with delta")
+
+
+@given(case=attn_res_cases(), with_delta=st.booleans())
+def test_block_write_touches_exactly_that_bank_row(engine, case: AttnResCase, with_delta: bool) -> None:
+    case = dataclasses.replace(case, block_write_idx=case.seed % case.bank, with_delta=with_delta)
+    inp = attn_res_inputs(case, LOW, DEVICE)
+    blocks = inp.blocks.clone()
+    _call(engine, inp, case)
+    expected = blocks.clone()
+    expected[:, case.block_write_idx] = inp.prefix  # the (possibly updated) prefix, bit for bit
+    assert_bitwise(inp.blocks, expected, f"bank after writing row {case.block_write_idx}")

@@ -1,0 +1,108 @@
+"""Properties of the aux-state tap (`_capture_aux_hidden_stream`) and its PP branches (BRIEF §2)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engines import base
+from fixtures.builders import TapInputs, tap_inputs, upcast_weights
+from fixtures.strategies import TapCase, tap_cases
+from oracles import budgets
+from oracles.drift import COLLECTOR
+from oracles.records import INFO, judge
+from properties.support import LOW, assert_bitwise, report, subject, up
+from properties.test_attn_res import mixture_budget
+from refmodel import attn_res as ref
+
+DEVICE = "cpu"
+EPS = 1e-5
+
+
+def _tap(engine, case: TapCase, inp: TapInputs, *, enabled: bool = True, weights: bool = True,
+         is_last_rank: bool = True, non_final_stage: str = "raise", pending: bool = True) -> torch.Tensor:
+    return subject(engine, base.AUX_CAPTURE)(
+        case.layer_idx, inp.prefix_sum, inp.pending if pending else None, inp.bank, enabled=enabled,
+        weights=inp.weights if weights else None, block_size=case.block_size, end_layer=case.stage_end,
+        num_layers=case.num_layers, is_last_rank=is_last_rank, eps=EPS, non_final_stage=non_final_stage,
+    )
+
+
+def _oracle(case: TapCase, inp: TapInputs, *, end_layer: int, is_last_rank: bool = True) -> torch.Tensor:
+    """The oracle tap on the prefix the subject mixes: prefix_sum + pending rounded to storage."""
+    prefix = up(inp.prefix_sum + inp.pending)
+    return ref.capture_aux_stream(
+        case.layer_idx, prefix, None, up(inp.bank), enabled=True, weights=upcast_weights(inp.weights),
+        block_size=case.block_size, end_layer=end_layer, num_layers=case.num_layers, is_last_rank=is_last_rank,
+        eps=EPS,
+    )
+
+
+def _budget(case: TapCase, inp: TapInputs, want: torch.Tensor, norm: torch.Tensor, proj: torch.Tensor,
+            nbl: int) -> budgets.Budget:
+    sources = torch.cat([up(inp.bank[:, :nbl]), up(inp.prefix_sum + inp.pending)[:, None]], 1)
+    return mixture_budget(want, sources, up(norm) * up(proj), case.hidden)
+
+
+@given(case=tap_cases(position="inner"), flag_off=st.booleans(), pending=st.booleans())
+def test_disabled_tap_returns_prefix_plus_pending_bitwise(engine, case: TapCase, flag_off: bool,
+                                                         pending: bool) -> None:
+    inp = tap_inputs(case, LOW, DEVICE)
+    want = inp.prefix_sum + inp.pending if pending else inp.prefix_sum.clone()
+    got = _tap(engine, case, inp, enabled=not flag_off, weights=flag_off, pending=pending)
+    assert_bitwise(got, want, "disabled tap (flag off)" if flag_off else "disabled tap (no AttnRes)")
+
+
+@given(case=tap_cases(position="inner"))
+def test_branch1_tap_mixes_with_the_next_layers_weights_and_blocks(engine, case: TapCase) -> None:
+    inp = tap_inputs(case, LOW, DEVICE)
+    got = _tap(engine, case, inp)
+    want = _oracle(case, inp, end_layer=case.stage_end)
+    nxt = case.layer_idx + 1
+    budget = _budget(case, inp, want, inp.weights.attn_res_norm[nxt], inp.weights.attn_res_proj[nxt],
+                     ref.LayerWiring(nxt, case.block_size).prev_valid_blocks)
+    report(judge(property="branch1_next_layer_mixture", engine=engine, subject=base.AUX_CAPTURE, actual=got,
+                 reference=want, budget=budget, seed=case.seed, reduction_len=case.hidden,
+                 detail=f"layer={case.layer_idx};S={case.block_size};end={case.stage_end}"))
+
+
+@given(case=tap_cases(position="stage_end"))
+def test_branch2_tap_on_the_last_rank_mixes_with_the_output_weights(engine, case: TapCase) -> None:
+    inp = tap_inputs(case, LOW, DEVICE)
+    got = _tap(engine, case, inp, is_last_rank=True)
+    want = _oracle(case, inp, end_layer=case.stage_end, is_last_rank=True)
+    nbl = -(-case.num_layers // case.block_size)
+    budget = _budget(case, inp, want, inp.weights.output_res_norm, inp.weights.output_res_proj, nbl)
+    report(judge(property="branch2_output_mixture", engine=engine, subject=base.AUX_CAPTURE, actual=got,
+                 reference=want, budget=budget, seed=case.seed, reduction_len=case.hidden,
+                 detail=f"layer={case.layer_idx};S={case.block_size};L={case.num_layers}"))
+
+
+@given(case=tap_cases(position="stage_end"))
+def test_branch3_non_final_stage_raises_or_falls_back_as_configured(engine, case: TapCase) -> None:
+    inp = tap_inputs(case, LOW, DEVICE)
+    with pytest.raises(ref.NonFinalStageTapError):
+        _tap(engine, case, inp, is_last_rank=False, non_final_stage="raise")
+    got = _tap(engine, case, inp, is_last_rank=False, non_final_stage="prefix")
+    assert_bitwise(got, inp.prefix_sum + inp.pending, "branch-3 fallback (the prefix)")
+    if case.layer_idx + 1 < case.num_layers:
+        # how far the fallback is from the mixture the consumer (on the next stage) reads
+        true_mix = _oracle(case, inp, end_layer=case.num_layers)
+        COLLECTOR.add(judge(property="branch3_fallback_cosine", engine=engine, subject=base.AUX_CAPTURE,
+                            actual=got, reference=true_mix, budget=budgets.Budget(float("inf"), "reported only"),
+                            seed=case.seed, reduction_len=case.hidden, verdict=INFO,
+                            detail=f"layer={case.layer_idx};S={case.block_size};L={case.num_layers}"))
+
+
+@given(case=tap_cases(position="inner"), position=st.sampled_from(["inner", "last", "non_final"]))
+def test_capture_leaves_the_callers_tensors_untouched(engine, case: TapCase, position: str) -> None:
+    inp = tap_inputs(case, LOW, DEVICE)
+    if position != "inner":
+        case = TapCase(case.num_layers, case.block_size, case.stage_end, case.stage_end - 1, case.tokens,
+                       case.hidden, case.seed)
+    saved = [t.clone() for t in (inp.prefix_sum, inp.pending, inp.bank)]
+    _tap(engine, case, inp, is_last_rank=position != "non_final", non_final_stage="prefix")
+    for name, t, s in zip(("prefix_sum", "pending_mlp_out", "bank"), (inp.prefix_sum, inp.pending, inp.bank), saved):
+        assert_bitwise(t, s, f"caller's {name} after the tap")

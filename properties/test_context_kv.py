@@ -1,0 +1,132 @@
+"""Properties of the DSpark MLA context-KV path (fused and unfused subjects, the cache write)."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+
+from engines import base
+from engines.mirror import context_kv as eager
+from fixtures.builders import context_kv_inputs
+from fixtures.strategies import ContextKVCase, context_kv_cases
+from oracles import budgets
+from oracles.records import judge
+from properties.support import LOW, assert_bitwise, report, subject, up
+from refmodel import mla, rope
+
+DEVICE = "cpu"
+
+
+def _oracle(case: ContextKVCase, inp) -> tuple[torch.Tensor, torch.Tensor]:
+    return mla.context_kv(up(inp.x), up(inp.kv_a), up(inp.norm), inp.positions, case.rope, 1e-5)
+
+
+def _acc_terms(case: ContextKVCase, inp) -> tuple[float, float]:
+    """fp32 accumulation (probabilistic bound on |x|.|w|) mapped through the norm's gain, and
+    the fp32 angle error of the rope cache (oracles.budgets.fp32_angle_rope_rtol)."""
+    absdot = (up(inp.x).abs() @ up(inp.kv_a).abs().reshape(-1, case.hidden).T).max().item()
+    y = torch.einsum("nh,lwh->lnw", up(inp.x), up(inp.kv_a))[..., : case.kv_lora]
+    rms_min = y.square().mean(-1).sqrt().min().item()
+    gain = up(inp.norm).abs().max().item() / max(rms_min, 1e-300)
+    acc = budgets.probabilistic(case.hidden, budgets.U32) * absdot
+    theta = float(inp.positions.max()) * float(rope.inv_freq(case.rope).max())
+    return acc * max(gain, 1.0), budgets.fp32_angle_rope_rtol(theta)
+
+
+@given(case=context_kv_cases())
+def test_fused_context_kv_within_budget_of_unfused_baseline(engine, case: ContextKVCase) -> None:
+    fused = subject(engine, base.CONTEXT_KV_FUSED)
+    inp = context_kv_inputs(case, LOW, DEVICE)
+    kv_c, k_pe = fused(inp.x, inp.kv_a, inp.norm, inp.positions, case.rope, 1e-5)
+    b_c, b_pe = eager.context_kv_unfused(inp.x, inp.fused_qkv_a, inp.norm, inp.positions, case.rope, 1e-5)
+    ref_c, ref_pe = _oracle(case, inp)
+    for name, out, base_out, ref in (("kv_c", kv_c, b_c, ref_c), ("k_pe", k_pe, b_pe, ref_pe)):
+        base_err = (up(base_out) - ref).abs().max().item()
+        budget = budgets.baseline_rule(base_err, ref.abs().max().item(), LOW)
+        report(judge(property="fused_within_budget_of_unfused", engine=engine, subject=base.CONTEXT_KV_FUSED,
+                     actual=out, reference=ref, budget=budget, seed=case.seed, reduction_len=case.hidden,
+                     detail=f"{name};L={case.num_layers};rope={case.rope.style}"))
+
+
+@given(case=context_kv_cases())
+def test_unfused_context_kv_within_rounding_budget_of_oracle(engine, case: ContextKVCase) -> None:
+    unfused = subject(engine, base.CONTEXT_KV_UNFUSED)
+    inp = context_kv_inputs(case, LOW, DEVICE)
+    kv_c, k_pe = unfused(inp.x, inp.fused_qkv_a, inp.norm, inp.positions, case.rope, 1e-5)
+    ref_c, ref_pe = _oracle(case, inp)
+    acc, angle = _acc_terms(case, inp)
+    # kv_c: GEMM output rounding (1), the rms of the rounded values (1), the output rounding (1) -> 3.
+    # k_pe: GEMM output rounding carried through the rotation ((|a|+|b|) u <= 2u max|ref|: 2) and the
+    # output rounding (1) -> 3, plus the fp32 rope-cache angle error.
+    for name, out, ref, extra in (("kv_c", kv_c, ref_c, acc), ("k_pe", k_pe, ref_pe, 0.0)):
+        ref_max = ref.abs().max().item()
+        term = extra + (angle * ref_max if name == "k_pe" else 0.0)
+        budget = budgets.theory_rule(ref_max, LOW, 3, acc_term=term, acc_rule="fp32 acc+angle")
+        report(judge(property="unfused_within_rounding_budget", engine=engine, subject=base.CONTEXT_KV_UNFUSED,
+                     actual=out, reference=ref, budget=budget, seed=case.seed, reduction_len=case.hidden,
+                     detail=name))
+
+
+@given(case=context_kv_cases(min_layers=2))
+def test_layer_outputs_follow_their_row_block_of_the_merged_weight(engine, case: ContextKVCase) -> None:
+    fused = subject(engine, base.CONTEXT_KV_FUSED)
+    inp = context_kv_inputs(case, LOW, DEVICE)
+    perm = torch.roll(torch.arange(case.num_layers), 1)  # layer l's rows moved to block perm^-1(l)
+    kv_c, k_pe = fused(inp.x, inp.kv_a, inp.norm, inp.positions, case.rope, 1e-5)
+    p_c, p_pe = fused(inp.x, inp.kv_a[perm].contiguous(), inp.norm[perm].contiguous(), inp.positions,
+                      case.rope, 1e-5)
+    assert_bitwise(p_c, kv_c[perm], "kv_c with the layers' row blocks permuted")
+    assert_bitwise(p_pe, k_pe[perm], "k_pe with the layers' row blocks permuted")
+
+
+@given(case=context_kv_cases(min_layers=2))
+def test_layer_output_depends_on_nothing_but_its_own_rows(engine, case: ContextKVCase) -> None:
+    fused = subject(engine, base.CONTEXT_KV_FUSED)
+    inp = context_kv_inputs(case, LOW, DEVICE)
+    kv_c, k_pe = fused(inp.x, inp.kv_a, inp.norm, inp.positions, case.rope, 1e-5)
+    keep = case.seed % case.num_layers
+    w2, n2 = inp.kv_a.clone(), inp.norm.clone()
+    others = [i for i in range(case.num_layers) if i != keep]
+    w2[others] = (-3.0 * w2[others]).to(w2.dtype)
+    n2[others] = (0.5 * n2[others] + 1.0).to(n2.dtype)
+    c2, pe2 = fused(inp.x, w2, n2, inp.positions, case.rope, 1e-5)
+    assert_bitwise(c2[keep], kv_c[keep], f"kv_c of layer {keep} after changing the other layers")
+    assert_bitwise(pe2[keep], k_pe[keep], f"k_pe of layer {keep} after changing the other layers")
+
+
+@given(case=context_kv_cases())
+def test_no_slot_mapping_writes_nothing(engine, case: ContextKVCase) -> None:
+    fused = subject(engine, base.CONTEXT_KV_FUSED)
+    inp = context_kv_inputs(case, LOW, DEVICE)
+    caches = torch.randn(case.num_layers, 3, 4, case.width, generator=torch.Generator().manual_seed(case.seed)
+                         ).to(LOW)
+    before = caches.clone()
+    fused(inp.x, inp.kv_a, inp.norm, inp.positions, case.rope, 1e-5, caches, None)
+    assert_bitwise(caches, before, "caches after a call without slot mapping")
+    skipped = torch.full((case.tokens,), -1, dtype=torch.int64)
+    fused(inp.x, inp.kv_a, inp.norm, inp.positions, case.rope, 1e-5, caches, skipped)
+    assert_bitwise(caches, before, "caches after a call whose slots are all negative")
+
+
+@given(case=context_kv_cases())
+def test_cache_slot_lands_at_block_and_offset_and_nothing_else_changes(engine, case: ContextKVCase) -> None:
+    fused = subject(engine, base.CONTEXT_KV_FUSED)
+    inp = context_kv_inputs(case, LOW, DEVICE)
+    block_size, num_blocks = 4, -(-2 * case.tokens // 4)
+    gen = torch.Generator().manual_seed(case.seed)
+    caches = torch.randn(case.num_layers, num_blocks, block_size, case.width, generator=gen).to(LOW)
+    before = caches.clone()
+    per_layer = case.seed % 2 == 1
+    rows = case.num_layers if per_layer else 1
+    slots = torch.stack([torch.randperm(num_blocks * block_size, generator=gen)[: case.tokens] for _ in range(rows)])
+    slots[:, :: 3] = -1  # every third token skipped
+    mapping = slots if per_layer else slots[0]
+    kv_c, k_pe = fused(inp.x, inp.kv_a, inp.norm, inp.positions, case.rope, 1e-5, caches, mapping)
+    expected = before.clone()
+    full = slots.expand(case.num_layers, case.tokens)
+    for layer in range(case.num_layers):
+        for t in range(case.tokens):
+            s = int(full[layer, t])
+            if s >= 0:
+                expected[layer, s // block_size, s % block_size] = torch.cat([kv_c[layer, t], k_pe[layer, t]])
+    assert_bitwise(caches, expected, "caches after the write")

@@ -1,0 +1,131 @@
+"""Properties of the PP partial-projection summation (stage partials, the finalize, the baseline)."""
+
+from __future__ import annotations
+
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engines import base
+from engines.mirror import projection as eager
+from fixtures.builders import ProjectionInputs, projection_inputs
+from fixtures.strategies import ProjectionCase, projection_cases
+from oracles import budgets
+from oracles.records import judge
+from properties.support import LOW, assert_bitwise, report, subject, up
+from refmodel import partial_projection as ref
+
+DEVICE = "cpu"
+EPS = 1e-5
+TRANSFER = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _sharded(engine, inp: ProjectionInputs, case: ProjectionCase, transfer: torch.dtype
+             ) -> tuple[list[torch.Tensor], torch.Tensor]:
+    partial = subject(engine, base.STAGE_PARTIAL)
+    finalize = subject(engine, base.FINALIZE_PROJECTION)
+    partials = [partial(inp.taps, inp.fc, list(members)) for members in case.stages]
+    return partials, finalize(partials, inp.norm, EPS, transfer, list(case.order))
+
+
+def _oracle(inp: ProjectionInputs) -> torch.Tensor:
+    return ref.project_context(up(inp.taps), up(inp.fc), up(inp.norm), EPS)
+
+
+def _row_gain(inp: ProjectionInputs) -> torch.Tensor:
+    """|w_j| / rms_i of the exact pre-norm sum, [N, H_out]: how the norm scales a pre-norm error."""
+    k, n, h = inp.taps.shape
+    y = up(inp.taps).permute(1, 0, 2).reshape(n, k * h) @ up(inp.fc).T
+    return up(inp.norm).abs()[None, :] / y.square().mean(-1, keepdim=True).sqrt().clamp(min=1e-300)
+
+
+@given(case=projection_cases())
+def test_partial_sum_is_exact_in_float64_for_every_stage_partition(engine, case: ProjectionCase) -> None:
+    inp = projection_inputs(case, torch.float64, DEVICE)
+    _, got = _sharded(engine, inp, case, torch.float64)
+    want = _oracle(inp)
+    tol = budgets.f64_identity_rtol(case.reduction_len)
+    budget = budgets.Budget(tol * want.abs().max().item(), f"f64_identity_rtol({case.reduction_len})*max|ref|")
+    report(judge(property="partial_sum_exact_in_float64", engine=engine, subject=base.FINALIZE_PROJECTION,
+                 actual=got, reference=want, budget=budget, seed=case.seed, reduction_len=case.reduction_len,
+                 detail=f"stages={len(case.stages)}"))
+
+
+@given(case=projection_cases(), transfer=st.sampled_from(sorted(TRANSFER)))
+def test_sharded_within_budget_of_unsharded_for_every_order_of_stages(engine, case: ProjectionCase,
+                                                                     transfer: str) -> None:
+    inp = projection_inputs(case, LOW, DEVICE)
+    partials, got = _sharded(engine, inp, case, TRANSFER[transfer])
+    baseline = eager.project_unsharded(inp.taps, inp.fc, inp.norm, EPS)
+    want = _oracle(inp)
+    base_err = (up(baseline) - want).abs().max().item()
+    # What sharding adds by construction (a derived term on top of rule 1): each of the S partials is
+    # rounded to its dtype (u_p |p_s|) and the S additions in the transfer dtype each round the running
+    # sum (recursive summation, gamma_S(u_t) max|acc|); an error e in the pre-norm sum moves the normed
+    # output by <= 2 e * gain (once directly, once through the row's rms).
+    u_p = budgets.unit_roundoff(partials[0].dtype)
+    u_t = budgets.unit_roundoff(TRANSFER[transfer])
+    acc = torch.zeros_like(up(partials[0]))
+    acc_max = torch.zeros_like(acc)
+    for s in case.order:
+        acc = acc + up(partials[s])
+        acc_max = torch.maximum(acc_max, acc.abs())
+    pre = u_p * sum(up(p).abs() for p in partials) + budgets.gamma(len(case.order), u_t) * acc_max  # [N, H_out]
+    extra = (2 * pre * _row_gain(inp)).max().item()
+    budget = budgets.baseline_rule(base_err, want.abs().max().item(), LOW, extra=extra,
+                                   extra_rule="2*gain*(u_p*sum|p_s|+gamma_S(u_t)*max|acc|)")
+    report(judge(property="sharded_within_budget_of_unsharded", engine=engine, subject=base.FINALIZE_PROJECTION,
+                 actual=got, reference=want, budget=budget, seed=case.seed, reduction_len=case.reduction_len,
+                 detail=f"transfer={transfer};stages={len(case.stages)};order={list(case.order)}"))
+
+
+@given(case=projection_cases(max_taps=5))
+def test_each_stage_reads_only_its_own_taps_column_blocks(engine, case: ProjectionCase) -> None:
+    partial = subject(engine, base.STAGE_PARTIAL)
+    inp = projection_inputs(case, LOW, DEVICE)
+    h = case.hidden
+    for members in case.stages:
+        own = partial(inp.taps, inp.fc, list(members))
+        others = [i for i in range(case.taps) if i not in members]
+        taps2, fc2 = inp.taps.clone(), inp.fc.clone()
+        for i in others:  # scramble every tap and column block this stage does not own
+            taps2[i] = (taps2[i] * -7 + 1).to(LOW)
+            fc2[:, i * h : (i + 1) * h] = (fc2[:, i * h : (i + 1) * h] * 5 - 2).to(LOW)
+        assert_bitwise(partial(taps2, fc2, list(members)), own, f"stage {list(members)} partial")
+        if members:  # and it does read its own: changing an owned block changes the partial
+            fc3 = inp.fc.clone()
+            fc3[:, members[0] * h : (members[0] + 1) * h] = 0
+            assert not torch.equal(partial(inp.taps, fc3, list(members)), own), "an owned column block was ignored"
+
+
+@given(case=projection_cases(), transfer=st.sampled_from(sorted(TRANSFER)))
+def test_empty_stages_contribute_nothing(engine, case: ProjectionCase, transfer: str) -> None:
+    partial = subject(engine, base.STAGE_PARTIAL)
+    finalize = subject(engine, base.FINALIZE_PROJECTION)
+    inp = projection_inputs(case, LOW, DEVICE)
+    empty = partial(inp.taps, inp.fc, [])
+    assert_bitwise(empty, torch.zeros(case.tokens, case.hidden_out, dtype=empty.dtype), "an empty stage's partial")
+    nonempty = [list(m) for m in case.stages if m] or [[]]
+    plain = finalize([partial(inp.taps, inp.fc, m) for m in nonempty], inp.norm, EPS, TRANSFER[transfer],
+                     list(range(len(nonempty))))
+    padded_parts = [partial(inp.taps, inp.fc, m) for m in nonempty] + [empty, empty]
+    padded = finalize(padded_parts, inp.norm, EPS, TRANSFER[transfer], list(range(len(padded_parts))))
+    assert_bitwise(padded, plain, "projection with two extra empty stages")
+
+
+@given(case=projection_cases())
+def test_unsharded_projection_within_rounding_budget_of_oracle(engine, case: ProjectionCase) -> None:
+    project = subject(engine, base.PROJECT_UNSHARDED)
+    inp = projection_inputs(case, LOW, DEVICE)
+    got = project(inp.taps, inp.fc, inp.norm, EPS)
+    want = _oracle(inp)
+    k, n, h = inp.taps.shape
+    absdot = (up(inp.taps).abs().permute(1, 0, 2).reshape(n, k * h) @ up(inp.fc).abs().T).max().item()
+    acc = 2 * budgets.probabilistic(k * h, budgets.U32) * absdot * _row_gain(inp).max().item()
+    # GEMM output rounding (1), the rms of the rounded sum (1), the output rounding (1) -> 3
+    budget = budgets.theory_rule(want.abs().max().item(), LOW, 3, acc_term=acc, acc_rule="2*gain*fp32 acc")
+    report(judge(property="unsharded_within_rounding_budget", engine=engine, subject=base.PROJECT_UNSHARDED,
+                 actual=got, reference=want, budget=budget, seed=case.seed, reduction_len=case.reduction_len))
+
+

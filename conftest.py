@@ -5,6 +5,7 @@ Profiles (pick with --hypothesis-profile NAME; default "dev"):
 - ci: derandomized, no example database, print_blob; the budget CI and the
   mutant self-tests run under (40 examples per property).
 - nightly: >= 10,000 examples per property, for the scheduled GPU job.
+- ci-mutants: ci without the shrink phase, for the mutant self-test.
 All have deadline=None: oracle and kernel timings vary too much for deadlines.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 from engines import registry
 from oracles.drift import COLLECTOR
@@ -21,6 +22,10 @@ _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, Healt
 settings.register_profile("dev", max_examples=50, **_COMMON)
 settings.register_profile("ci", max_examples=40, derandomize=True, database=None, print_blob=True, **_COMMON)
 settings.register_profile("nightly", max_examples=10_000, print_blob=True, **_COMMON)
+# the ci example budget without the shrink phase: the mutant self-test only needs to know that a
+# mutant fails, not its minimal counterexample
+settings.register_profile("ci-mutants", parent=settings.get_profile("ci"),
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target])
 settings.load_profile("dev")
 
 

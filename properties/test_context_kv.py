@@ -35,8 +35,12 @@ def _acc_terms(case: ContextKVCase, inp) -> tuple[float, float]:
 
 @given(case=context_kv_cases())
 def test_fused_context_kv_within_budget_of_unfused_baseline(engine, case: ContextKVCase) -> None:
+    check_fused_within_budget_of_unfused(engine, case, DEVICE)
+
+
+def check_fused_within_budget_of_unfused(engine, case: ContextKVCase, device: str) -> None:
     fused = subject(engine, base.CONTEXT_KV_FUSED)
-    inp = context_kv_inputs(case, LOW, DEVICE)
+    inp = context_kv_inputs(case, LOW, device)
     kv_c, k_pe = fused(inp.x, inp.kv_a, inp.norm, inp.positions, case.rope, 1e-5)
     b_c, b_pe = eager.context_kv_unfused(inp.x, inp.fused_qkv_a, inp.norm, inp.positions, case.rope, 1e-5)
     ref_c, ref_pe = _oracle(case, inp)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -55,7 +54,11 @@ def test_partial_sum_is_exact_in_float64_for_every_stage_partition(engine, case:
 @given(case=projection_cases(), transfer=st.sampled_from(sorted(TRANSFER)))
 def test_sharded_within_budget_of_unsharded_for_every_order_of_stages(engine, case: ProjectionCase,
                                                                      transfer: str) -> None:
-    inp = projection_inputs(case, LOW, DEVICE)
+    check_sharded_within_budget_of_unsharded(engine, case, transfer, DEVICE)
+
+
+def check_sharded_within_budget_of_unsharded(engine, case: ProjectionCase, transfer: str, device: str) -> None:
+    inp = projection_inputs(case, LOW, device)
     partials, got = _sharded(engine, inp, case, TRANSFER[transfer])
     baseline = eager.project_unsharded(inp.taps, inp.fc, inp.norm, EPS)
     want = _oracle(inp)

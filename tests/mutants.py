@@ -1,0 +1,133 @@
+"""Deliberately broken mirrors: each carries one realistic bug in one subject.
+
+Loaded as a pytest plugin (`-p tests.mutants`), it registers one engine per
+mutant (`mutant-<name>`); every other subject is the correct mirror's. The
+self-test `test_mutants_are_caught.py` runs the property suite on all of them
+under the `ci` profile and asserts each fails at least one property, which
+is how the suite proves its power.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from engines import base, mirror, registry
+from engines.mirror import attn_res as m_attn
+from engines.mirror import context_kv as m_ckv
+from engines.mirror import projection as m_proj
+from refmodel.geometry import RopeSpec
+
+
+def _unfused_q_not_discarded(x, fused_w, norm, pos, rope: RopeSpec, eps):
+    width = norm.shape[1] + rope.rotary_dim
+    all_kv = torch.stack([(x @ w.T)[:, :width] for w in fused_w])  # offset 0: Q columns kept, KV dropped
+    return m_ckv.norm_rope(all_kv, norm, pos, rope, eps)
+
+
+def _fused_with(*, norm_row0: bool = False, token_major_positions: bool = False, swap_style: bool = False,
+                bf16_accumulation: bool = False) -> Callable:
+    def fused(x, kv_a, norm, pos, rope: RopeSpec, eps, caches=None, slot_mapping=None):
+        num_layers, width, hidden = kv_a.shape
+        merged = kv_a.reshape(num_layers * width, hidden)
+        if bf16_accumulation:  # the reduction over hidden summed in bf16, 8 columns at a time
+            y = torch.zeros(x.shape[0], merged.shape[0], dtype=x.dtype)
+            for c in range(0, hidden, 8):
+                y = y + x[:, c : c + 8] @ merged[:, c : c + 8].T
+        else:
+            y = x @ merged.T
+        all_kv = y.view(x.shape[0], num_layers, width).permute(1, 0, 2)
+        if norm_row0:
+            norm = norm[:1].expand_as(norm)  # one norm row for every layer
+        if swap_style:
+            rope = RopeSpec(rope.rotary_dim, rope.theta, "neox" if rope.style == "gptj" else "gptj", rope.yarn)
+        if token_major_positions:  # positions not repeated per layer: token-major instead of layer-major
+            kv_c, k_pe = m_ckv.norm_rope(all_kv, norm, pos.repeat_interleave(num_layers), rope, eps, repeat=False)
+        else:
+            kv_c, k_pe = m_ckv.norm_rope(all_kv, norm, pos, rope, eps)
+        if caches is not None and slot_mapping is not None:
+            m_ckv.write_cache(caches, kv_c, k_pe, slot_mapping)
+        return kv_c, k_pe
+
+    return fused
+
+
+def _finalize_norm_per_stage(partials, norm_weight, eps, transfer_dtype, order):
+    acc = torch.zeros_like(partials[0], dtype=transfer_dtype)
+    for s in order:  # each stage normalises its own partial before the sum
+        acc = acc + m_proj.rms_norm(partials[s], norm_weight, eps, transfer_dtype)
+    return acc.to(partials[0].dtype)
+
+
+def _stage_partial_shifted(taps, fc_weight, members):
+    k, n, h = taps.shape
+    if not members:
+        return torch.zeros(n, fc_weight.shape[0], dtype=taps.dtype)
+    cols = torch.cat([(torch.arange(i * h, (i + 1) * h) + 1) % (k * h) for i in members])  # off by one column
+    return taps[members].permute(1, 0, 2).reshape(n, len(members) * h) @ fc_weight[:, cols].T
+
+
+def _attn_res_delta_twice(prefix, delta, blocks, *args):
+    if delta is not None:
+        prefix.copy_((prefix.float() + delta.float()).to(prefix.dtype))  # applied here ...
+    return m_attn.attn_res(prefix, delta, blocks, *args)  # ... and again inside
+
+
+def _attn_res_bank_write_on_read(prefix, delta, blocks, norm, qk, onorm, num_blocks, write_idx, eps, oeps):
+    if write_idx < 0:
+        write_idx = min(num_blocks, blocks.shape[1] - 1)  # "next free row" written on a read-only call
+    return m_attn.attn_res(prefix, delta, blocks, norm, qk, onorm, num_blocks, write_idx, eps, oeps)
+
+
+def _capture_with(*, current_layer: bool = False, branch2_next_layer: bool = False, drop_pending: bool = False
+                  ) -> Callable:
+    def capture(layer_idx, prefix_sum, pending, bank, *, enabled, weights, block_size, end_layer, num_layers,
+                is_last_rank, eps, non_final_stage="raise"):
+        if drop_pending and not (enabled and weights is not None):
+            return prefix_sum.clone()  # the disabled path forgot the pending MLP output
+        prefix = prefix_sum if pending is None else prefix_sum + pending
+        if not (enabled and weights is not None):
+            return prefix
+        if layer_idx + 1 < end_layer:
+            w_idx = layer_idx if current_layer else layer_idx + 1  # the current layer's weights
+            norm_w, proj_w = weights.attn_res_norm[w_idx], weights.attn_res_proj[w_idx]
+            nbl = m_attn.LayerWiring(layer_idx + 1, block_size).prev_valid_blocks
+        elif is_last_rank and branch2_next_layer:  # the next-layer path taken on the model's last layer
+            norm_w, proj_w = weights.attn_res_norm[layer_idx], weights.attn_res_proj[layer_idx]
+            nbl = m_attn.LayerWiring(layer_idx + 1, block_size).prev_valid_blocks
+        elif is_last_rank:
+            norm_w, proj_w, nbl = weights.output_res_norm, weights.output_res_proj, -(-num_layers // block_size)
+        elif non_final_stage == "prefix":
+            return prefix
+        else:
+            raise m_attn.NonFinalStageTapError("non-final stage")
+        return m_attn.attn_res(prefix, None, bank, norm_w, proj_w, None, nbl, -1, eps, 0.0)
+
+    return capture
+
+
+MUTANTS: dict[str, dict[str, base.Subject]] = {
+    "unfused_q_not_discarded": {base.CONTEXT_KV_UNFUSED: _unfused_q_not_discarded},
+    "one_norm_row_for_all_layers": {base.CONTEXT_KV_FUSED: _fused_with(norm_row0=True)},
+    "positions_not_repeated_per_layer": {base.CONTEXT_KV_FUSED: _fused_with(token_major_positions=True)},
+    "neox_gptj_pairing_swapped": {base.CONTEXT_KV_FUSED: _fused_with(swap_style=True)},
+    "norm_per_stage_before_sum": {base.FINALIZE_PROJECTION: _finalize_norm_per_stage},
+    "tap_column_block_shifted": {base.STAGE_PARTIAL: _stage_partial_shifted},
+    "delta_written_back_twice": {base.ATTN_RES: _attn_res_delta_twice},
+    "bank_row_written_on_read_only_call": {base.ATTN_RES: _attn_res_bank_write_on_read},
+    "branch1_current_layer_weights": {base.AUX_CAPTURE: _capture_with(current_layer=True)},
+    "branch2_takes_next_layer_path": {base.AUX_CAPTURE: _capture_with(branch2_next_layer=True)},
+    "disabled_path_drops_pending": {base.AUX_CAPTURE: _capture_with(drop_pending=True)},
+    "bf16_accumulation_over_reduction": {base.CONTEXT_KV_FUSED: _fused_with(bf16_accumulation=True)},
+}
+
+
+def build(name: str) -> base.Engine:
+    subjects = {**mirror.subjects(), **MUTANTS[name]}
+    return base.Engine(name=f"mutant-{name}", version="0", mode="reference", subjects=subjects)
+
+
+def pytest_configure(config) -> None:
+    for name in MUTANTS:
+        registry.register(f"mutant-{name}", lambda name=name: build(name))

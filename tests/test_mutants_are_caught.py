@@ -1,0 +1,57 @@
+"""The property suite proves its power: every mutant of the mirror fails at least one property,
+and the correct mirror fails none, in one run of `properties/` under the ci example budget.
+
+The run is a subprocess (`pytest properties -p tests.mutants --engine mirror,mutant-...`,
+profile `ci-mutants` = `ci` without shrinking) whose JUnit XML is read per engine.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from tests.mutants import MUTANTS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
+    """engine -> {test name: 'passed' | 'failed' | 'skipped'}."""
+    xml = tmp_path_factory.mktemp("mutants") / "junit.xml"
+    engines = ",".join(["mirror"] + [f"mutant-{m}" for m in MUTANTS])
+    cmd = [sys.executable, "-m", "pytest", "properties", "-p", "tests.mutants", "--engine", engines,
+           "--hypothesis-profile=ci-mutants", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert xml.exists(), f"the property run produced no report:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    out: dict[str, dict[str, str]] = {}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        m = re.search(r"\[([^\]]+)\]$", case.get("name", ""))
+        if not m:
+            continue
+        engine = m.group(1)  # the engine is the test's parametrize id
+        status = "failed" if case.find("failure") is not None or case.find("error") is not None else (
+            "skipped" if case.find("skipped") is not None else "passed")
+        out.setdefault(engine, {})[case.get("name", "")] = status
+    return out
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+def test_mutant_fails_at_least_one_property(outcomes: dict[str, dict[str, str]], mutant: str) -> None:
+    results = outcomes.get(f"mutant-{mutant}")
+    assert results, f"mutant-{mutant} did not run"
+    failed = [name for name, status in results.items() if status == "failed"]
+    assert failed, f"mutant-{mutant} passed every property: the suite cannot see this bug"
+
+
+def test_correct_mirror_passes_every_property(outcomes: dict[str, dict[str, str]]) -> None:
+    results = outcomes.get("mirror")
+    assert results, "the mirror did not run"
+    failed = [name for name, status in results.items() if status == "failed"]
+    assert not failed, f"the correct mirror failed: {failed}"
+    assert all(status == "passed" for status in results.values()), results

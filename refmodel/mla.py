@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from refmodel import checks, rmsnorm, rope
+from refmodel import checks, rmsnorm
+from refmodel import rope as rope_ops
 from refmodel.geometry import RopeSpec
 
 
@@ -28,7 +29,7 @@ def _norm_rope(
     kv_lora = kv_norm_weight.shape[1]
     kv_c = rmsnorm.normalize(all_kv[..., :kv_lora], kv_norm_weight.unsqueeze(1), eps)
     k_pe = all_kv[..., kv_lora:].transpose(0, 1)  # [N, L, rope]: positions shared by layers
-    k_pe = rope.rotate(k_pe, positions, spec).transpose(0, 1)  # [L, N, rope]
+    k_pe = rope_ops.rotate(k_pe, positions, spec).transpose(0, 1)  # [L, N, rope]
     return kv_c, k_pe
 
 
@@ -80,7 +81,7 @@ def context_kv(
     kv_a_weight: torch.Tensor,
     kv_norm_weight: torch.Tensor,
     positions: torch.Tensor,
-    rope_spec: RopeSpec,
+    rope: RopeSpec,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused context-KV path.
@@ -89,8 +90,8 @@ def context_kv(
     kv_a_proj_with_mqa); kv_norm_weight: [L, kv_lora]; positions: [N] int.
     Returns kv_c [L, N, kv_lora] (normed) and k_pe [L, N, rope] (rotated).
     """
-    _check_common(context_states, kv_a_weight, kv_norm_weight, positions, rope_spec, eps, "kv_a_weight")
-    out = _fused(context_states, kv_a_weight, kv_norm_weight, positions, rope_spec, eps)
+    _check_common(context_states, kv_a_weight, kv_norm_weight, positions, rope, eps, "kv_a_weight")
+    out = _fused(context_states, kv_a_weight, kv_norm_weight, positions, rope, eps)
     _queue_value_checks(context_states, kv_a_weight, kv_norm_weight, positions, "kv_a_weight").raise_first()
     return out
 
@@ -100,14 +101,14 @@ def _fused(
     kv_a_weight: torch.Tensor,
     kv_norm_weight: torch.Tensor,
     positions: torch.Tensor,
-    rope_spec: RopeSpec,
+    rope: RopeSpec,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     n = context_states.shape[0]
     num_layers, width = kv_a_weight.shape[0], kv_a_weight.shape[1]
     merged = kv_a_weight.reshape(num_layers * width, -1)  # rows [W*l, W*(l+1)) = layer l
     all_kv = (context_states @ merged.T).view(n, num_layers, width).transpose(0, 1)  # [L, N, W]
-    return _norm_rope(all_kv, kv_norm_weight, positions, rope_spec, eps)
+    return _norm_rope(all_kv, kv_norm_weight, positions, rope, eps)
 
 
 def context_kv_unfused(
@@ -115,7 +116,7 @@ def context_kv_unfused(
     fused_qkv_a_weight: torch.Tensor,
     kv_norm_weight: torch.Tensor,
     positions: torch.Tensor,
-    rope_spec: RopeSpec,
+    rope: RopeSpec,
     eps: float,
     *,
     rope_head_dim: int | None = None,
@@ -123,15 +124,15 @@ def context_kv_unfused(
     """The unfused path: per layer the full fused_qkv_a_proj, Q columns discarded.
 
     fused_qkv_a_weight: [L, q_lora + kv_lora + rope, H]; rows [0, q_lora) are Q.
-    rope_head_dim defaults to rope_spec.rotary_dim. Same outputs as `context_kv`.
+    rope_head_dim defaults to rope.rotary_dim. Same outputs as `context_kv`.
     """
     n, num_layers, kv_lora = _check_common(
-        context_states, fused_qkv_a_weight, kv_norm_weight, positions, rope_spec, eps,
+        context_states, fused_qkv_a_weight, kv_norm_weight, positions, rope, eps,
         "fused_qkv_a_weight",
     )
-    r = rope_spec.rotary_dim if rope_head_dim is None else rope_head_dim
-    if r < rope_spec.rotary_dim:
-        raise ValueError(f"rope_head_dim: expected >= rotary_dim {rope_spec.rotary_dim}, got {r}")
+    r = rope.rotary_dim if rope_head_dim is None else rope_head_dim
+    if r < rope.rotary_dim:
+        raise ValueError(f"rope_head_dim: expected >= rotary_dim {rope.rotary_dim}, got {r}")
     q_lora = fused_qkv_a_weight.shape[1] - kv_lora - r
     if q_lora < 0:
         raise ValueError(
@@ -143,7 +144,7 @@ def context_kv_unfused(
         full = context_states @ fused_qkv_a_weight[layer].T  # [N, q_lora + kv_lora + rope]
         per_layer.append(full[:, q_lora:])  # Q computed, then discarded
     all_kv = torch.stack(per_layer)  # [L, N, kv_lora + rope]
-    out = _norm_rope(all_kv, kv_norm_weight, positions, rope_spec, eps)
+    out = _norm_rope(all_kv, kv_norm_weight, positions, rope, eps)
     _queue_value_checks(context_states, fused_qkv_a_weight, kv_norm_weight, positions,
                         "fused_qkv_a_weight").raise_first()
     return out
@@ -181,7 +182,7 @@ def precompute_context_kv(
     kv_a_weight: torch.Tensor,
     kv_norm_weight: torch.Tensor,
     positions: torch.Tensor,
-    rope_spec: RopeSpec,
+    rope: RopeSpec,
     eps: float,
     caches: torch.Tensor | None = None,
     slot_mapping: torch.Tensor | None = None,
@@ -193,7 +194,7 @@ def precompute_context_kv(
     resolved with one device sync at the end. Returns (kv_c, k_pe, new_caches).
     """
     n, num_layers, kv_lora = _check_common(
-        context_states, kv_a_weight, kv_norm_weight, positions, rope_spec, eps, "kv_a_weight"
+        context_states, kv_a_weight, kv_norm_weight, positions, rope, eps, "kv_a_weight"
     )
     width = kv_a_weight.shape[1]
     if (caches is None) != (slot_mapping is None):
@@ -202,7 +203,7 @@ def precompute_context_kv(
     if caches is not None and slot_mapping is not None:
         slots = _check_write(caches, num_layers, n, width, slot_mapping)
         checks.same_device(context_states=context_states, caches=caches, slot_mapping=slot_mapping)
-    kv_c, k_pe = _fused(context_states, kv_a_weight, kv_norm_weight, positions, rope_spec, eps)
+    kv_c, k_pe = _fused(context_states, kv_a_weight, kv_norm_weight, positions, rope, eps)
     deferred = _queue_value_checks(context_states, kv_a_weight, kv_norm_weight, positions, "kv_a_weight")
     new_caches = None if caches is None or slots is None else _write(caches, kv_c, k_pe, slots, deferred)
     deferred.raise_first()

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
-from refmodel import checks, rmsnorm, rope
+from refmodel import checks, rmsnorm
+from refmodel import rope as rope_ops
 from refmodel.geometry import RopeSpec
 
 Stages = Sequence[Sequence[int]]
@@ -90,7 +91,7 @@ def draft_context_kv(
     v_weight: torch.Tensor,
     k_norm_weight: torch.Tensor,
     positions: torch.Tensor,
-    rope_spec: RopeSpec,
+    rope: RopeSpec,
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The DFlash draft's context K/V for every draft layer.
@@ -114,11 +115,11 @@ def draft_context_kv(
     eps = checks.positive_float("eps", eps)
     if positions.numel() and int(positions.min()) < 0:
         raise ValueError(f"positions: expected values >= 0, got min {int(positions.min())}")
-    if d < rope_spec.rotary_dim:
-        raise ValueError(f"k_norm_weight: head_dim {d} is smaller than rotary_dim {rope_spec.rotary_dim}")
+    if d < rope.rotary_dim:
+        raise ValueError(f"k_norm_weight: head_dim {d} is smaller than rotary_dim {rope.rotary_dim}")
     kvh = width // d
     k = torch.einsum("nh,lwh->lnw", ctx, k_weight).reshape(num_layers, n, kvh, d)
     v = torch.einsum("nh,lwh->lnw", ctx, v_weight).reshape(num_layers, n, kvh, d)
     k = rmsnorm.normalize(k, k_norm_weight.view(num_layers, 1, 1, d), eps)  # per head
-    k = rope.rotate(k.transpose(0, 1), positions, rope_spec).transpose(0, 1)  # [N, L, KVH, D] view
+    k = rope_ops.rotate(k.transpose(0, 1), positions, rope).transpose(0, 1)  # [N, L, KVH, D] view
     return k, v

@@ -33,7 +33,7 @@ def _attn_res(**kw: object) -> None:
 
 def _context_kv(**kw: object) -> None:
     args: dict[str, object] = dict(
-        context_states=X, kv_a_weight=KVW, kv_norm_weight=KNW, positions=POS, rope_spec=SPEC, eps=1e-5
+        context_states=X, kv_a_weight=KVW, kv_norm_weight=KNW, positions=POS, rope=SPEC, eps=1e-5
     )
     args.update(kw)
     mla.context_kv(**args)  # type: ignore[arg-type]

@@ -1,0 +1,182 @@
+"""`k3num fetch`: the pinned engine wheels, hash-checked, with only the needed .py files extracted.
+
+Engine source is never committed: it is read at run time from the pinned
+wheels (BRIEF §4) into an ignored cache, by default
+`~/.cache/k3-numerics/engines` (override: K3NUM_ENGINE_CACHE). Layout:
+
+    <cache>/wheels/<wheel file>                  the downloaded wheel
+    <cache>/<engine>-<version>/<package path>    the extracted .py files
+    <cache>/<engine>-<version>/MANIFEST.json     {path: sha256} of what was extracted
+
+A wheel whose sha256 differs from the pin is refused (and deleted). Running it
+again re-extracts nothing that is already there with the right hashes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Pin:
+    engine: str
+    dist: str
+    version: str
+    sha256: str
+    files: tuple[str, ...]
+    pip_args: tuple[str, ...] = ()
+
+
+PINS: dict[str, Pin] = {
+    "vllm": Pin(
+        "vllm", "vllm", "0.33.0", "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa",
+        (
+            "vllm/models/kimi_k3/nvidia/ops/attn_res.py",
+            "vllm/models/kimi_k3/amd/ops/attn_res.py",
+            "vllm/models/kimi_k3/nvidia/model.py",
+            "vllm/models/kimi_k3/amd/linear.py",
+            "vllm/models/kimi_k3/nvidia/dspark_mla.py",
+            "vllm/model_executor/models/utils.py",
+        ),
+    ),
+    "sglang": Pin(
+        "sglang", "sglang", "0.5.23", "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937",
+        (
+            "sglang/srt/layers/attn_residual.py",
+            "sglang/kernels/ops/speculative/dspark/fused_kv_write.py",
+            "sglang/srt/models/dflash.py",
+            "sglang/srt/disaggregation/utils.py",
+        ),
+        # the wheel is cp311-only: ask for it explicitly from any Python
+        ("--only-binary=:all:", "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64"),
+    ),
+    "tokenspeed": Pin(
+        "tokenspeed", "tokenspeed", "0.1.1", "c20d4e87830c821f0b36f665baff999c4d08603b38becc6be33dc2636b97fb19",
+        ("tokenspeed/runtime/models/kimi_k3_dspark.py",),
+    ),
+}
+
+
+class FetchError(RuntimeError):
+    """A wheel could not be had, or is not the pinned one."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("K3NUM_ENGINE_CACHE") or Path.home() / ".cache" / "k3-numerics" / "engines")
+
+
+def source_dir(engine: str) -> Path:
+    pin = PINS[engine]
+    return cache_root() / f"{pin.engine}-{pin.version}"
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def manifest(engine: str) -> dict[str, str]:
+    """{relative path: sha256} of the extracted files, or {} when not fetched."""
+    path = source_dir(engine) / "MANIFEST.json"
+    if not path.exists():
+        return {}
+    return dict(json.loads(path.read_text()))
+
+
+def _up_to_date(engine: str) -> bool:
+    m, root = manifest(engine), source_dir(engine)
+    return bool(m) and set(m) == set(PINS[engine].files) and all(
+        (root / p).exists() and sha256_of(root / p) == h for p, h in m.items()
+    )
+
+
+def _find_wheel(pin: Pin, wheels: Path) -> Path | None:
+    prefix = f"{pin.dist.replace('-', '_')}-{pin.version}-"
+    found = sorted(p for p in wheels.glob("*.whl") if p.name.startswith(prefix))
+    return found[0] if found else None
+
+
+def _download(pin: Pin, wheels: Path, log: "Log") -> Path:
+    wheels.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d", str(wheels),
+           f"{pin.dist}=={pin.version}", *pin.pip_args]
+    log(f"[fetch] {pin.engine}: downloading {pin.dist}=={pin.version} (pip download --no-deps)")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wheel = _find_wheel(pin, wheels)
+    if proc.returncode != 0 or wheel is None:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise FetchError(
+            f"{pin.engine}: could not download {pin.dist}=={pin.version} from the package index "
+            f"(no network, or the index refused): {' | '.join(tail)}"
+        )
+    return wheel
+
+
+Log = type(print)
+
+
+def fetch(engine: str, *, log: Log = print) -> Path:
+    """Make the engine's pinned source available in the cache; return its source directory."""
+    if engine not in PINS:
+        raise FetchError(f"unknown engine {engine!r}; pinned: {sorted(PINS)}")
+    pin = PINS[engine]
+    root = source_dir(engine)
+    if _up_to_date(engine):
+        log(f"[fetch] {engine} {pin.version}: up to date in {root} ({len(pin.files)} files)")
+        return root
+    wheels = cache_root() / "wheels"
+    wheel = _find_wheel(pin, wheels) if wheels.exists() else None
+    if wheel is None:
+        wheel = _download(pin, wheels, log)
+    got = sha256_of(wheel)
+    if got != pin.sha256:
+        wheel.unlink()
+        raise FetchError(f"{engine}: {wheel.name} has sha256 {got}, the pin is {pin.sha256}: refused and deleted")
+    root.mkdir(parents=True, exist_ok=True)
+    hashes: dict[str, str] = {}
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        for rel in pin.files:
+            if rel not in names:
+                raise FetchError(f"{engine}: {rel} is not in {wheel.name}")
+            target = root / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(zf.read(rel))
+            hashes[rel] = sha256_of(target)
+    (root / "MANIFEST.json").write_text(json.dumps(hashes, indent=1, sort_keys=True))
+    log(f"[fetch] {engine} {pin.version}: wheel sha256 ok; extracted {len(hashes)} files to {root}")
+    for rel, h in sorted(hashes.items()):
+        log(f"         {rel}  sha256 {h[:16]}...")
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="k3num", description="k3-numerics tools")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("fetch", help="download the pinned engine wheels and extract the sources the adapters need")
+    f.add_argument("engines", nargs="*", default=sorted(PINS), help=f"default: all ({', '.join(sorted(PINS))})")
+    args = ap.parse_args(argv)
+    status = 0
+    for name in args.engines:
+        try:
+            fetch(name)
+        except FetchError as e:
+            print(f"[fetch] ERROR: {e}", file=sys.stderr)
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -11,6 +11,8 @@ All have deadline=None: oracle and kernel timings vary too much for deadlines.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, settings
@@ -19,6 +21,11 @@ from engines import registry
 from oracles.drift import COLLECTOR
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+if not torch.cuda.is_available():
+    # Triton kernels of the real engines run under the interpreter here; it must be chosen
+    # before triton is first imported (see engines.vllm_engine.require_interpreter)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 settings.register_profile("dev", max_examples=50, **_COMMON)
 settings.register_profile("ci", max_examples=40, derandomize=True, database=None, print_blob=True, **_COMMON)
 settings.register_profile("nightly", max_examples=10_000, print_blob=True, **_COMMON)
@@ -47,7 +54,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def _engine_names(config: pytest.Config) -> list[str]:
     opt = config.getoption("--engine")
     if not opt:
-        return list(registry.DEFAULT_ENGINES)
+        return registry.defaults()
     names = [n.strip() for n in opt.split(",") if n.strip()]
     known = registry.known()
     unknown = [n for n in names if n not in known]

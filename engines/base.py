@@ -74,6 +74,12 @@ class Engine:
     real_ops: str = ""
     source_sha256: dict[str, str] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)
+    # float32 -> storage-dtype rounding the engine's platform performs (None: round to nearest
+    # even, as torch and the GPU do); the Triton interpreter truncates instead (BRIEF §4 quirk a)
+    storage_rounding: Callable[[Any], Any] | None = None
+    rounding: str = "nearest"  # the mode of storage_rounding, for oracles.budgets.unit_roundoff
+    # engine-specific contracts outside the subject interfaces (e.g. vLLM's weight loading)
+    extras: dict[str, Any] = field(default_factory=dict)
 
     def subject(self, name: str) -> Subject:
         if name not in SUBJECTS:

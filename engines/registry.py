@@ -26,6 +26,12 @@ def register(name: str, factory: Factory, *, default: bool = False) -> None:
         DEFAULT_ENGINES.append(name)
 
 
+def defaults() -> list[str]:
+    """The engines a plain run tests (mirror and the real engines; unavailable ones skip with a reason)."""
+    _load_builtin()
+    return list(DEFAULT_ENGINES)
+
+
 def known() -> list[str]:
     _load_builtin()
     return sorted(_FACTORIES)
@@ -49,3 +55,10 @@ def _load_builtin() -> None:
         from engines import mirror
 
         register("mirror", mirror.build)
+    if "vllm" not in _FACTORIES:
+        def vllm() -> Engine:
+            from engines import vllm_engine
+
+            return vllm_engine.build()
+
+        register("vllm", vllm, default=True)

@@ -43,11 +43,16 @@ LAMBDA = 8.0
 BASELINE_FACTOR = 2.0
 
 
-def unit_roundoff(dtype: torch.dtype | str) -> float:
+def unit_roundoff(dtype: torch.dtype | str, rounding: str = "nearest") -> float:
+    """u of the dtype; rounding "toward_zero" (truncation, e.g. the Triton CPU interpreter's
+    float -> bf16 conversion) has twice the error of round-to-nearest: a full ulp, 2u."""
     try:
-        return UNIT_ROUNDOFF[dtype]
+        u = UNIT_ROUNDOFF[dtype]
     except KeyError:
         raise ValueError(f"dtype: no unit roundoff known for {dtype}") from None
+    if rounding not in ("nearest", "toward_zero"):
+        raise ValueError(f"rounding: expected 'nearest' or 'toward_zero', got {rounding!r}")
+    return 2 * u if rounding == "toward_zero" else u
 
 
 def gamma(n: int, u: float) -> float:
@@ -113,11 +118,13 @@ def baseline_rule(
 
 
 def theory_rule(ref_max: float, out_dtype: torch.dtype, roundings: int, *, acc_term: float = 0.0,
-                acc_rule: str = "") -> Budget:
+                acc_rule: str = "", rounding: str = "nearest") -> Budget:
     """Rule 2: `roundings` roundings to the output dtype at the output's magnitude, plus the
-    accumulation term of the reductions (a probabilistic() bound, named in acc_rule)."""
-    value = roundings * unit_roundoff(out_dtype) * ref_max + acc_term
-    rule = f"{roundings}*u({_name(out_dtype)})*max|ref|" + (f"+{acc_rule}" if acc_rule else "")
+    accumulation term of the reductions (a probabilistic() bound, named in acc_rule). `rounding`
+    is the subject platform's rounding mode (see unit_roundoff); GPU and torch round to nearest."""
+    value = roundings * unit_roundoff(out_dtype, rounding) * ref_max + acc_term
+    mode = "" if rounding == "nearest" else f",{rounding}"
+    rule = f"{roundings}*u({_name(out_dtype)}{mode})*max|ref|" + (f"+{acc_rule}" if acc_rule else "")
     return Budget(value, rule)
 
 

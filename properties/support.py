@@ -46,3 +46,8 @@ def assert_bitwise(actual: torch.Tensor, expected: torch.Tensor, what: str) -> N
 def up(t: torch.Tensor) -> torch.Tensor:
     """The float64 value the subject actually saw (or returned)."""
     return t.detach().to(torch.float64)
+
+
+def round_storage(engine: Engine, x32: torch.Tensor) -> torch.Tensor:
+    """fp32 -> storage dtype with the engine platform's rounding (round-to-nearest unless declared)."""
+    return engine.storage_rounding(x32) if engine.storage_rounding is not None else x32.to(LOW)

@@ -13,7 +13,7 @@ from fixtures.builders import AttnResInputs, attn_res_inputs
 from fixtures.strategies import AttnResCase, attn_res_cases
 from oracles import budgets
 from oracles.records import judge
-from properties.support import LOW, assert_bitwise, report, subject, up
+from properties.support import LOW, assert_bitwise, report, round_storage, subject, up
 from refmodel import attn_res as ref
 
 DEVICE = "cpu"
@@ -27,14 +27,16 @@ def _call(engine, inp: AttnResInputs, case: AttnResCase) -> torch.Tensor:
     )
 
 
-def mixture_budget(out_ref: torch.Tensor, sources: torch.Tensor, q: torch.Tensor, hidden: int) -> budgets.Budget:
+def mixture_budget(out_ref: torch.Tensor, sources: torch.Tensor, q: torch.Tensor, hidden: int,
+                   rounding: str = "nearest") -> budgets.Budget:
     """One output rounding, plus fp32 arithmetic: the logits (a length-H dot and a length-H mean),
     the softmax and the length-S weighted sum each add <= probabilistic(H, u32) relative error,
     amplified by the logit magnitude (d alpha / alpha = d logit): 4 * probabilistic * (1 + max|logit|)."""
     logits = (sources @ q) * torch.rsqrt(sources.square().mean(-1) + EPS)
     ref_max = out_ref.abs().max().item()
     acc = 4 * budgets.probabilistic(hidden, budgets.U32) * (1 + logits.abs().max().item()) * ref_max
-    return budgets.theory_rule(ref_max, LOW, 1, acc_term=acc, acc_rule="4*lambda*sqrt(H)*u32*(1+max|logit|)")
+    return budgets.theory_rule(ref_max, LOW, 1, acc_term=acc, acc_rule="4*lambda*sqrt(H)*u32*(1+max|logit|)",
+                               rounding=rounding)
 
 
 @given(case=attn_res_cases())
@@ -44,14 +46,15 @@ def test_attn_res_within_rounding_budget_of_oracle(engine, case: AttnResCase) ->
 
 def check_attn_res_within_rounding_budget(engine, case: AttnResCase, device: str) -> None:
     inp = attn_res_inputs(case, LOW, device)
-    args64 = [up(inp.prefix), None if inp.delta is None else up(inp.delta), up(inp.blocks), up(inp.norm),
-              up(inp.qk), None if inp.out_norm is None else up(inp.out_norm)]
+    # the oracle mixes the prefix the subject stores: fp32(prefix) + fp32(delta) rounded to storage
+    # with the engine platform's rounding (the same bits the write-back property checks exactly)
+    p = inp.prefix if inp.delta is None else round_storage(engine, inp.prefix.float() + inp.delta.float())
+    args64 = [up(p), None, up(inp.blocks), up(inp.norm), up(inp.qk), None if inp.out_norm is None else up(inp.out_norm)]
     out = _call(engine, inp, case)
-    want, new_prefix, new_blocks = ref.attn_res(*args64, case.num_blocks, case.block_write_idx, EPS, OUT_EPS,
-                                                prefix_storage_dtype=LOW)
+    want, new_prefix, new_blocks = ref.attn_res(*args64, case.num_blocks, case.block_write_idx, EPS, OUT_EPS)
     sources = torch.cat([new_blocks[:, : case.num_blocks], new_prefix[:, None]], 1)
     q = args64[3] * args64[4]
-    budget = mixture_budget(want, sources, q, case.hidden)
+    budget = mixture_budget(want, sources, q, case.hidden, engine.rounding)
     if case.with_output_norm:
         # the output norm's own rms (1) on the fp32 mixture: one more rounding-size term
         budget = dataclasses.replace(budget, value=budget.value + budgets.unit_roundoff(LOW) * budget.value)
@@ -85,7 +88,7 @@ def test_delta_is_written_back_once_rounded_to_storage(engine, case: AttnResCase
     case = dataclasses.replace(case, with_delta=True)
     inp = attn_res_inputs(case, LOW, DEVICE)
     assert inp.delta is not None
-    want = (inp.prefix.float() + inp.delta.float()).to(LOW)  # fp32 sum, one rounding to storage
+    want = round_storage(engine, inp.prefix.float() + inp.delta.float())  # fp32 sum, one rounding to storage
     _call(engine, inp, case)
     assert_bitwise(inp.prefix, want, "prefix after a call with delta")
 

@@ -6,6 +6,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$root/scripts/env.sh"
 cd "$root"
+k3num fetch || echo "[properties] WARNING: k3num fetch failed: the real engines will be skipped" >&2
 args=("$@")
 case " ${args[*]-} " in *" --drift-csv"*) ;; *) mkdir -p out; args+=(--drift-csv out/drift.csv) ;; esac
 case " ${args[*]-} " in *" --hypothesis-profile"*) ;; *) args+=(--hypothesis-profile=ci) ;; esac

@@ -1,0 +1,141 @@
+"""Source mode: run engine code from the fetched files without importing the engine.
+
+Two ways (BRIEF §4):
+- `load_module(path, stubs)`: execute a whole module file (a Triton kernel file
+  must stay in a real file for Triton's JIT) with stub modules standing in for
+  its few engine imports; the stubs are removed afterwards, so `sys.modules`
+  holds exactly the same entries before and after.
+- `lift(path, qualname, namespace)`: compile one function (or method) out of a
+  heavy module with `ast` and run it with the names it uses injected.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import sys
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+class SourceError(RuntimeError):
+    """The engine source is missing, or no longer has what the adapter binds."""
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def stub(name: str, **attrs: Any) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    mod.__dict__.update(attrs)
+    return mod
+
+
+@contextmanager
+def stubbed(stubs: dict[str, types.ModuleType]) -> Iterator[None]:
+    """Install stub modules for the duration; restore sys.modules exactly afterwards."""
+    before = dict(sys.modules)
+    try:
+        sys.modules.update(stubs)
+        yield
+    finally:
+        for name in [n for n in sys.modules if n not in before]:
+            del sys.modules[name]
+        sys.modules.update(before)
+        assert dict(sys.modules).keys() == before.keys()
+
+
+def load_module(path: Path, module_name: str, stubs: dict[str, types.ModuleType]) -> types.ModuleType:
+    """Execute the file as a module (not registered in sys.modules) with `stubs` importable."""
+    if not path.exists():
+        raise SourceError(f"missing engine source {path} (run `k3num fetch`)")
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise SourceError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    with stubbed(stubs):
+        spec.loader.exec_module(module)
+    return module
+
+
+def find_def(tree: ast.Module, qualname: str) -> ast.FunctionDef:
+    """The FunctionDef for `name` or `Class.method` in a parsed module."""
+    node: ast.AST = tree
+    for part in qualname.split("."):
+        body = getattr(node, "body", [])
+        found = [n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part]
+        if not found:
+            raise SourceError(f"{qualname}: {part} not found")
+        node = found[0]
+    if not isinstance(node, ast.FunctionDef):
+        raise SourceError(f"{qualname} is not a function")
+    return node
+
+
+def lift(path: Path, qualname: str, namespace: dict[str, Any]) -> Any:
+    """Compile `qualname` (a function or `Class.method`) alone from `path`, its globals = namespace.
+
+    Decorators are dropped (the adapters inject what the body needs); the code
+    keeps the file name and line numbers so tracebacks point into the engine.
+    """
+    if not path.exists():
+        raise SourceError(f"missing engine source {path} (run `k3num fetch`)")
+    tree = ast.parse(path.read_text(), filename=str(path))
+    fn = find_def(tree, qualname)
+    fn.decorator_list = []
+    mod = ast.Module(body=[fn], type_ignores=[])
+    code = compile(mod, filename=str(path), mode="exec")
+    glb: dict[str, Any] = {"__name__": f"k3num_lifted.{qualname}", "__builtins__": __builtins__}
+    glb.update(namespace)
+    exec(code, glb)
+    return glb[fn.name]
+
+
+def signature_of(path: Path, qualname: str) -> list[str]:
+    """The parameter names of `qualname`, for checking that the bound signature has not changed."""
+    fn = find_def(ast.parse(path.read_text()), qualname)
+    a = fn.args
+    return [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+
+
+def lift_class(path: Path, name: str, namespace: dict[str, Any]) -> Any:
+    """Compile the class `name` alone from `path` (decorators kept), its globals = namespace."""
+    if not path.exists():
+        raise SourceError(f"missing engine source {path} (run `k3num fetch`)")
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+    if not found:
+        raise SourceError(f"class {name} not found in {path}")
+    code = compile(ast.Module(body=[found[0]], type_ignores=[]), filename=str(path), mode="exec")
+    # a decorator such as @dataclass looks its module up in sys.modules while it runs
+    mod = types.ModuleType(f"k3num_lifted_{name}")
+    mod.__dict__.update(namespace)
+    with stubbed({mod.__name__: mod}):
+        exec(code, mod.__dict__)
+    return mod.__dict__[name]
+
+
+def lift_value(path: Path, qualname: str, namespace: dict[str, Any]) -> Any:
+    """Evaluate the right-hand side of the assignment `NAME = ...` or `Class.NAME = ...` in `path`."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    *owner, attr = qualname.split(".")
+    node: ast.AST = tree
+    for part in owner:
+        hits = [n for n in getattr(node, "body", []) if isinstance(n, ast.ClassDef) and n.name == part]
+        if not hits:
+            raise SourceError(f"{qualname}: class {part} not found in {path}")
+        node = hits[0]
+    for stmt in getattr(node, "body", []):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else (
+            [stmt.target] if isinstance(stmt, ast.AnnAssign) and stmt.value is not None else [])
+        if any(isinstance(t, ast.Name) and t.id == attr for t in targets):
+            value = stmt.value
+            assert value is not None
+            expr = ast.Expression(body=value)
+            return eval(compile(expr, filename=str(path), mode="eval"), {"__builtins__": __builtins__, **namespace})
+    raise SourceError(f"{qualname}: assignment not found in {path}")

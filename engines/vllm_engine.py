@@ -1,0 +1,352 @@
+"""vLLM 0.33.0's real K3 code as subjects, in source mode (BRIEF §4).
+
+Bound from the fetched, hash-checked wheel files:
+- ATTN_RES: `vllm/models/kimi_k3/nvidia/ops/attn_res.py::attn_res` (Triton). On a CUDA
+  machine the file is loaded as a module and Triton compiles the kernel (mode
+  source-gpu); elsewhere it runs under TRITON_INTERPRET=1 (source-interpreter).
+  Under the interpreter the module is exec'd from its source text without
+  registering it for `inspect`, because the interpreter's AST rewrite of a
+  file-backed kernel breaks the BLOCK_L tile loop (BRIEF §4, quirk b); the
+  interpreter also truncates float -> bf16 conversions (quirk a), which
+  `storage_rounding` declares so that exact checks use the mode's rounding.
+- AUX_CAPTURE: `KimiLinearModel._capture_aux_hidden_stream` (nvidia/model.py), lifted
+  and run on a stand-in model that carries real weights and calls the engine's
+  own attn_res kernel above.
+- CONTEXT_KV_FUSED: `K3DSparkModel._precompute_fused_context_kv` (nvidia/dspark_mla.py),
+  lifted, with the real `_has_uniform_block_layout` / `_get_context_kv_cache_ptrs`;
+  the compiled ops it calls (ops.rms_norm with a 2-D weight, ops.rotary_embedding,
+  concat_and_cache_mla_grouped, do_kv_cache_update) are stand-ins following the
+  documented numerics (fp32 math, one rounding) and are named in `real_ops`.
+- The weight-loading contract: `_duplicate_context_kv_weights` and
+  `K3DSparkForCausalLM.hf_to_vllm_mapper` (built with the real `WeightsMapper`
+  class from vllm/model_executor/models/utils.py), exposed as `weight_loading`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import sys
+import types
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engines import base, fetch, source
+from engines.mirror.context_kv import rope_cache
+from engines.registry import EngineUnavailable
+from refmodel.geometry import RopeSpec
+
+PIN = fetch.PINS["vllm"]
+ATTN_RES_PY = "vllm/models/kimi_k3/nvidia/ops/attn_res.py"
+MODEL_PY = "vllm/models/kimi_k3/nvidia/model.py"
+DSPARK_PY = "vllm/models/kimi_k3/nvidia/dspark_mla.py"
+UTILS_PY = "vllm/model_executor/models/utils.py"
+STANDIN_OPS = "stand-in: ops.rms_norm, ops.rotary_embedding, concat_and_cache_mla_grouped, do_kv_cache_update"
+
+
+def require_interpreter() -> None:
+    """TRITON_INTERPRET must be set before triton is first imported (triton.language's own
+    jit helpers are decorated at import); the root conftest sets it on machines without CUDA."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        if "triton" in sys.modules:
+            raise EngineUnavailable(
+                "no CUDA device, and triton was imported before TRITON_INTERPRET=1 was set: "
+                "set TRITON_INTERPRET=1 in the environment to run the Triton kernels under the interpreter"
+            )
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def _triton() -> tuple[Any, Any]:
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError as e:  # pragma: no cover - depends on the machine
+        raise EngineUnavailable(f"vllm: triton is not installed ({e}); pip install triton") from e
+    return triton, tl
+
+
+class _Platform:
+    """Stand-in for vllm.platforms.current_platform: no SM100 native op; PDL on Hopper and newer."""
+
+    @staticmethod
+    def is_device_capability_family(family: int) -> bool:
+        return False
+
+    @staticmethod
+    def is_arch_support_pdl() -> bool:
+        return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
+def _load_attn_res(path: Path, interpret: bool) -> Any:
+    triton, tl = _triton()
+    stubs = {
+        "vllm": source.stub("vllm"),
+        "vllm._custom_ops": source.stub("vllm._custom_ops"),
+        "vllm.platforms": source.stub("vllm.platforms", current_platform=_Platform()),
+        "vllm.triton_utils": source.stub("vllm.triton_utils", tl=tl, triton=triton),
+    }
+    if not interpret:
+        return source.load_module(path, "k3num_engine.vllm.attn_res", stubs).attn_res
+    mod = types.ModuleType("k3num_engine.vllm.attn_res")
+    code = compile(path.read_text(), "<vllm attn_res.py (k3num source-interpreter)>", "exec")
+    with source.stubbed(stubs):
+        exec(code, mod.__dict__)
+    return mod.attn_res
+
+
+def truncate_to_bf16(x: torch.Tensor) -> torch.Tensor:
+    """float32 -> bfloat16 rounding toward zero (the Triton interpreter's conversion, quirk a)."""
+    bits = x.float().contiguous().view(torch.int32) & ~0xFFFF
+    return bits.view(torch.float32).to(torch.bfloat16)
+
+
+# --- stand-ins for the compiled ops (documented numerics: fp32 math, one rounding) ---------------
+
+
+def _rms_norm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    xf = x.float()
+    w = weight.float() if weight.dim() == 1 else weight.float()[:, None, :]  # 2-D weight: row l for group l
+    out.copy_((xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps) * w).to(out.dtype))
+
+
+def _rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None, head_size: int,
+                      cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+    for t in (query, key):
+        if t is None:
+            continue
+        d = cos_sin_cache.shape[-1]
+        cos = cos_sin_cache[positions, : d // 2].float()[:, None, :]
+        sin = cos_sin_cache[positions, d // 2 :].float()[:, None, :]
+        xf = t.float()
+        rot = xf[..., :d]
+        if is_neox:
+            a, b = rot[..., : d // 2], rot[..., d // 2 :]
+            out = torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
+        else:
+            a, b = rot[..., 0::2], rot[..., 1::2]
+            out = torch.stack([a * cos - b * sin, b * cos + a * sin], -1).flatten(-2)
+        t[..., :d] = out.to(t.dtype)
+
+
+def _write_slots(cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, slots: torch.Tensor) -> None:
+    block_size = cache.shape[1]
+    s = slots.to(torch.int64)
+    keep = s >= 0
+    entry = torch.cat([kv_c, k_pe.reshape(k_pe.shape[0], -1)], -1).to(cache.dtype)
+    cache[s[keep] // block_size, s[keep] % block_size] = entry[keep]
+
+
+@dataclass
+class _StandinModel:
+    """The attributes `_precompute_fused_context_kv` reads, with real weights and caches."""
+
+    context_kv_proj: Any
+    _num_context_layers: int
+    _context_kv_width: int
+    _context_kv_lora_rank: int
+    _context_kv_norm_weights: torch.Tensor
+    _context_rms_norm_eps: float
+    _context_rope_dim: int
+    _max_num_context_tokens: int
+    layers: list[Any]
+    _context_kv_scales: torch.Tensor
+    captured: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class _CpuSafeTorch:
+    """`torch` for lifted code on a CPU-only build: torch.cuda.is_current_stream_capturing() raises
+    there instead of answering False; everything else is torch itself."""
+
+    class _Cuda:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(torch.cuda, name)
+
+        @staticmethod
+        def is_current_stream_capturing() -> bool:
+            return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+    cuda = _Cuda()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+
+def _workspace_manager() -> Any:
+    class _WS:
+        @staticmethod
+        def get_simultaneous(*specs: tuple[tuple[int, ...], torch.dtype]) -> tuple[torch.Tensor, ...]:
+            return tuple(torch.empty(shape, dtype=dtype) for shape, dtype in specs)
+
+    return _WS()
+
+
+def _bind_precompute(root: Path) -> Any:
+    path = root / DSPARK_PY
+    grouped = source.lift_value(path, "_GROUPED_KV_CACHE_DTYPES", {})
+    captured: dict[str, torch.Tensor] = {}
+
+    def rms_norm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+        _rms_norm(out, x, weight, eps)
+        captured["kv_c"] = out
+
+    def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
+        _rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+        captured["k_pe"] = query
+
+    caches_by_ptr: dict[int, torch.Tensor] = {}
+
+    def concat_and_cache_mla_grouped(kv_c, k_pe, cache_ptrs, slot_mapping, block_size, s0, s1, scales, dtype):
+        for layer, ptr in enumerate(cache_ptrs.tolist()):
+            _write_slots(caches_by_ptr[ptr], kv_c[layer], k_pe[layer], slot_mapping[layer])
+        captured["path"] = torch.tensor(1)
+
+    ops = types.SimpleNamespace(rms_norm=rms_norm, rotary_embedding=rotary_embedding,
+                                concat_and_cache_mla_grouped=concat_and_cache_mla_grouped)
+    ns = {"torch": _CpuSafeTorch(), "ops": ops, "current_workspace_manager": _workspace_manager,
+          "_GROUPED_KV_CACHE_DTYPES": grouped}
+    precompute = source.lift(path, "K3DSparkModel._precompute_fused_context_kv", ns)
+    uniform = source.lift(path, "K3DSparkModel._has_uniform_block_layout", ns)
+    ptrs = source.lift(path, "K3DSparkModel._get_context_kv_cache_ptrs", ns)
+    got = source.signature_of(path, "K3DSparkModel._precompute_fused_context_kv")
+    if got != ["self", "context_states", "context_positions", "context_slot_mapping"]:
+        raise source.SourceError(f"_precompute_fused_context_kv signature changed: {got}")
+
+    def fused(x: torch.Tensor, kv_a: torch.Tensor, norm: torch.Tensor, positions: torch.Tensor, rope: RopeSpec,
+              eps: float, caches: torch.Tensor | None = None, slot_mapping: torch.Tensor | None = None):
+        num_layers, width, hidden = kv_a.shape
+        kv_lora = norm.shape[1]
+        merged = kv_a.reshape(num_layers * width, hidden)
+        max_pos = int(positions.max()) + 1 if positions.numel() else 1
+        cache = rope_cache(rope, max_pos, torch.float32, x.device)  # vLLM builds its cache in fp32
+        rotary = types.SimpleNamespace(head_size=width - kv_lora, cos_sin_cache=cache,
+                                       is_neox_style=rope.style == "neox")
+        layers = []
+        caches_by_ptr.clear()
+        for layer in range(num_layers):
+            kv_cache = caches[layer] if caches is not None else torch.empty(1, 1, width, dtype=x.dtype)
+            caches_by_ptr[kv_cache.data_ptr()] = kv_cache
+
+            def update(kv_c, k_pe, kv_cache, slots, dtype, k_scale):
+                _write_slots(kv_cache, kv_c, k_pe, slots)
+
+            attn = types.SimpleNamespace(rotary_emb=rotary, kv_cache_dtype="auto", kv_cache=kv_cache,
+                                         impl=types.SimpleNamespace(do_kv_cache_update=update),
+                                         _k_scale=torch.ones(()))
+            layers.append(types.SimpleNamespace(self_attn=attn))
+        model = _StandinModel(
+            context_kv_proj=lambda h: torch.nn.functional.linear(h, merged), _num_context_layers=num_layers,
+            _context_kv_width=width, _context_kv_lora_rank=kv_lora, _context_kv_norm_weights=norm,
+            _context_rms_norm_eps=eps, _context_rope_dim=width - kv_lora,
+            _max_num_context_tokens=max(x.shape[0], 1), layers=layers, _context_kv_scales=torch.ones(num_layers),
+        )
+        self_ns: Any = types.SimpleNamespace(**model.__dict__)
+        self_ns._has_uniform_block_layout = functools.partial(uniform, self_ns)
+        self_ns._get_context_kv_cache_ptrs = functools.partial(ptrs, self_ns)
+        mapping: Any = None
+        if caches is not None and slot_mapping is not None:
+            if slot_mapping.dim() == 1:
+                mapping = slot_mapping
+            else:  # per-layer: a layer whose slots are all skipped is passed as None
+                mapping = [None if bool((row < 0).all()) else row for row in slot_mapping]
+        captured.clear()
+        precompute(self_ns, x, positions, mapping)
+        kv_c = captured["kv_c"]
+        k_pe = captured["k_pe"].view(num_layers, x.shape[0], width - kv_lora)
+        return kv_c, k_pe
+
+    return fused
+
+
+def _bind_capture(root: Path, attn_res: Any) -> Any:
+    path = root / MODEL_PY
+    got = source.signature_of(path, "KimiLinearModel._capture_aux_hidden_stream")
+    if got != ["self", "layer_idx", "prefix_sum", "pending_mlp_out", "block_residual"]:
+        raise source.SourceError(f"_capture_aux_hidden_stream signature changed: {got}")
+    pp = {"is_last_rank": True}
+    ns = {"torch": torch, "attn_res": attn_res,
+          "get_pp_group": lambda: types.SimpleNamespace(is_last_rank=pp["is_last_rank"])}
+    lifted = source.lift(path, "KimiLinearModel._capture_aux_hidden_stream", ns)
+
+    def capture(layer_idx, prefix_sum, pending, bank, *, enabled, weights, block_size, end_layer, num_layers,
+                is_last_rank, eps, non_final_stage="raise"):
+        if non_final_stage != "raise":
+            raise NotImplementedError("vLLM 0.33.0 raises at a non-final stage end; it has no prefix fallback")
+
+        def norm(w: torch.Tensor) -> Any:
+            return types.SimpleNamespace(weight=w, variance_epsilon=eps)
+
+        def proj(w: torch.Tensor) -> Any:
+            return types.SimpleNamespace(weight=w.unsqueeze(0))  # [1, H], squeezed by the engine
+
+        layers = []
+        if weights is not None:
+            for i in range(num_layers):
+                layers.append(types.SimpleNamespace(
+                    self_attention_res_norm=norm(weights.attn_res_norm[i]),
+                    self_attention_res_proj=proj(weights.attn_res_proj[i]),
+                    prev_valid_blocks=-(-i // block_size)))
+        model = types.SimpleNamespace(
+            _aux_attn_res_stream=enabled, use_attn_res=weights is not None, end_layer=end_layer, layers=layers,
+            output_attn_res_norm=norm(weights.output_res_norm) if weights is not None else None,
+            output_attn_res_proj=proj(weights.output_res_proj) if weights is not None else None,
+            num_attn_res_blocks=-(-num_layers // block_size),
+        )
+        pp["is_last_rank"] = is_last_rank
+        return lifted(model, layer_idx, prefix_sum, pending, bank)
+
+    return capture
+
+
+def _bind_weight_loading(root: Path) -> Any:
+    utils = root / UTILS_PY
+    logger = logging.getLogger("k3num.vllm")
+    logger.warning_once = logger.warning  # type: ignore[attr-defined]
+    ns = {"field": field, "dataclass": dataclass, "Mapping": Mapping, "Iterable": Iterable, "re": re,
+          "torch": torch, "logger": logger, "ShardIds": Any, "WeightRenaming": Any}
+    mapper_cls = source.lift_class(utils, "WeightsMapper", ns)
+    mapper = source.lift_value(root / DSPARK_PY, "K3DSparkForCausalLM.hf_to_vllm_mapper",
+                               {"WeightsMapper": mapper_cls})
+    duplicate = source.lift(root / DSPARK_PY, "_duplicate_context_kv_weights",
+                            {"torch": torch, "Iterable": Iterable})
+    return types.SimpleNamespace(duplicate=duplicate, mapper=mapper)
+
+
+def build() -> base.Engine:
+    root = fetch.source_dir("vllm")
+    if not fetch.manifest("vllm"):
+        raise EngineUnavailable(f"vllm {PIN.version} source is not in {root}: run `k3num fetch vllm`")
+    interpret = not torch.cuda.is_available()
+    mode = "source-interpreter" if interpret else "source-gpu"
+    if interpret:
+        require_interpreter()
+    try:
+        attn_res = _load_attn_res(root / ATTN_RES_PY, interpret)
+        subjects: dict[str, base.Subject] = {
+            base.ATTN_RES: attn_res,
+            base.AUX_CAPTURE: _bind_capture(root, attn_res),
+            base.CONTEXT_KV_FUSED: _bind_precompute(root),
+        }
+        loading = _bind_weight_loading(root)
+    except source.SourceError as e:
+        raise EngineUnavailable(f"vllm {PIN.version}: {e}") from e
+    m = fetch.manifest("vllm")
+    sha = {base.ATTN_RES: m[ATTN_RES_PY], base.AUX_CAPTURE: m[MODEL_PY], base.CONTEXT_KV_FUSED: m[DSPARK_PY]}
+    missing = {
+        base.CONTEXT_KV_UNFUSED: "vLLM 0.33.0 has only the fused path (the unfused one was removed)",
+        base.STAGE_PARTIAL: "vLLM 0.33.0 has no PP partial projection",
+        base.FINALIZE_PROJECTION: "vLLM 0.33.0 has no PP partial projection",
+        base.PROJECT_UNSHARDED: "not bound from vLLM",
+        base.DRAFT_CONTEXT_KV: "not bound from vLLM",
+    }
+    return base.Engine(
+        name="vllm", version=PIN.version, mode=mode, subjects=subjects, real_ops=STANDIN_OPS,
+        source_sha256=sha, missing=missing,
+        storage_rounding=truncate_to_bf16 if interpret else None,
+        rounding="toward_zero" if interpret else "nearest", extras={"weight_loading": loading},
+    )

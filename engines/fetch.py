@@ -59,7 +59,7 @@ PINS: dict[str, Pin] = {
     ),
     "tokenspeed": Pin(
         "tokenspeed", "tokenspeed", "0.1.1", "c20d4e87830c821f0b36f665baff999c4d08603b38becc6be33dc2636b97fb19",
-        ("tokenspeed/runtime/models/kimi_k3_dspark.py",),
+        ("tokenspeed/runtime/models/kimi_k3_dspark.py", "tokenspeed/runtime/execution/dspark_context.py"),
     ),
 }
 

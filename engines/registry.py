@@ -62,3 +62,10 @@ def _load_builtin() -> None:
             return vllm_engine.build()
 
         register("vllm", vllm, default=True)
+
+        def tokenspeed() -> Engine:
+            from engines import tokenspeed_engine
+
+            return tokenspeed_engine.build()
+
+        register("tokenspeed", tokenspeed, default=True)

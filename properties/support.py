@@ -51,3 +51,11 @@ def up(t: torch.Tensor) -> torch.Tensor:
 def round_storage(engine: Engine, x32: torch.Tensor) -> torch.Tensor:
     """fp32 -> storage dtype with the engine platform's rounding (round-to-nearest unless declared)."""
     return engine.storage_rounding(x32) if engine.storage_rounding is not None else x32.to(LOW)
+
+
+def call(engine: Engine, fn: Subject, *args: object, **kwargs: object) -> object:
+    """Call a subject; a NotImplementedError (a mode the engine does not have) skips with its reason."""
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError as e:
+        pytest.skip(f"{engine.name} {engine.version}: {e}")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given
-from hypothesis import strategies as st
 
 from engines import base
 from engines.mirror import projection as eager
@@ -12,7 +12,7 @@ from fixtures.builders import ProjectionInputs, projection_inputs
 from fixtures.strategies import ProjectionCase, projection_cases
 from oracles import budgets
 from oracles.records import judge
-from properties.support import LOW, assert_bitwise, report, subject, up
+from properties.support import LOW, assert_bitwise, call, report, subject, up
 from refmodel import partial_projection as ref
 
 DEVICE = "cpu"
@@ -24,8 +24,8 @@ def _sharded(engine, inp: ProjectionInputs, case: ProjectionCase, transfer: torc
              ) -> tuple[list[torch.Tensor], torch.Tensor]:
     partial = subject(engine, base.STAGE_PARTIAL)
     finalize = subject(engine, base.FINALIZE_PROJECTION)
-    partials = [partial(inp.taps, inp.fc, list(members)) for members in case.stages]
-    return partials, finalize(partials, inp.norm, EPS, transfer, list(case.order))
+    partials = [call(engine, partial, inp.taps, inp.fc, list(members)) for members in case.stages]
+    return partials, call(engine, finalize, partials, inp.norm, EPS, transfer, list(case.order))
 
 
 def _oracle(inp: ProjectionInputs) -> torch.Tensor:
@@ -51,9 +51,10 @@ def test_partial_sum_is_exact_in_float64_for_every_stage_partition(engine, case:
                  detail=f"stages={len(case.stages)}"))
 
 
-@given(case=projection_cases(), transfer=st.sampled_from(sorted(TRANSFER)))
-def test_sharded_within_budget_of_unsharded_for_every_order_of_stages(engine, case: ProjectionCase,
-                                                                     transfer: str) -> None:
+@pytest.mark.parametrize("transfer", sorted(TRANSFER))
+@given(case=projection_cases())
+def test_sharded_within_budget_of_unsharded_for_every_order_of_stages(engine, transfer: str,
+                                                                     case: ProjectionCase) -> None:
     check_sharded_within_budget_of_unsharded(engine, case, transfer, DEVICE)
 
 
@@ -102,18 +103,19 @@ def test_each_stage_reads_only_its_own_taps_column_blocks(engine, case: Projecti
             assert not torch.equal(partial(inp.taps, fc3, list(members)), own), "an owned column block was ignored"
 
 
-@given(case=projection_cases(), transfer=st.sampled_from(sorted(TRANSFER)))
-def test_empty_stages_contribute_nothing(engine, case: ProjectionCase, transfer: str) -> None:
+@pytest.mark.parametrize("transfer", sorted(TRANSFER))
+@given(case=projection_cases())
+def test_empty_stages_contribute_nothing(engine, transfer: str, case: ProjectionCase) -> None:
     partial = subject(engine, base.STAGE_PARTIAL)
     finalize = subject(engine, base.FINALIZE_PROJECTION)
     inp = projection_inputs(case, LOW, DEVICE)
     empty = partial(inp.taps, inp.fc, [])
     assert_bitwise(empty, torch.zeros(case.tokens, case.hidden_out, dtype=empty.dtype), "an empty stage's partial")
     nonempty = [list(m) for m in case.stages if m] or [[]]
-    plain = finalize([partial(inp.taps, inp.fc, m) for m in nonempty], inp.norm, EPS, TRANSFER[transfer],
-                     list(range(len(nonempty))))
+    plain = call(engine, finalize, [partial(inp.taps, inp.fc, m) for m in nonempty], inp.norm, EPS,
+                 TRANSFER[transfer], list(range(len(nonempty))))
     padded_parts = [partial(inp.taps, inp.fc, m) for m in nonempty] + [empty, empty]
-    padded = finalize(padded_parts, inp.norm, EPS, TRANSFER[transfer], list(range(len(padded_parts))))
+    padded = call(engine, finalize, padded_parts, inp.norm, EPS, TRANSFER[transfer], list(range(len(padded_parts))))
     assert_bitwise(padded, plain, "projection with two extra empty stages")
 
 

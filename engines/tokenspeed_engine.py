@@ -1,0 +1,128 @@
+"""TokenSpeed 0.1.1's real K3 DSpark PP projection code as subjects, in source mode (BRIEF §4).
+
+Lifted from the fetched, hash-checked wheel files and run on stand-in models
+that carry real weights:
+- `K3DSparkModel.project_target_tap` (one owned tap's column block of the stage's
+  context_proj, looked up by its LOCAL index) and `DSparkContextProducer.add_capture`
+  (adds it into the float32 pipeline accumulator) make STAGE_PARTIAL: a stage's taps
+  added from zero, in tap order. The runtime adds each tap straight into the
+  running inbound sum; summing a stage from zero and then adding the stage is a
+  reordering of float32 additions, stated here because it is the adapter's.
+- `K3DSparkModel.finalize_target_projection` (the context norm once, after the sum)
+  makes FINALIZE_PROJECTION after the stage sums are added in order in float32, the
+  only transfer dtype TokenSpeed accepts (`begin_stage` refuses others).
+- `K3DSparkModel.project_target_hidden` is PROJECT_UNSHARDED.
+Each stage's context_proj weight is the global weight's columns of its local taps,
+concatenated in local order, as `K3DSparkModel.load_weights` slices it under PP.
+Stand-ins, named in `real_ops`: `ReplicatedLinear` (torch linear in the weight
+dtype) and TokenSpeed's `RMSNorm` layer (fp32 math, one rounding).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+
+from engines import base, fetch, source
+from engines.registry import EngineUnavailable
+
+PIN = fetch.PINS["tokenspeed"]
+MODEL_PY = "tokenspeed/runtime/models/kimi_k3_dspark.py"
+CONTEXT_PY = "tokenspeed/runtime/execution/dspark_context.py"
+STANDIN_OPS = "stand-in: ReplicatedLinear (torch linear), RMSNorm layer (fp32 math, one rounding)"
+
+
+class _Linear:
+    """ReplicatedLinear stand-in: returns (output, bias) like TokenSpeed's linear layers."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return torch.nn.functional.linear(x, self.weight), None
+
+
+class _RMSNorm:
+    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+        self.weight, self.variance_epsilon = weight, eps
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.variance_epsilon) * self.weight.float()
+        return y.to(x.dtype)
+
+
+def _model(taps_hidden: int, fc: torch.Tensor, local: tuple[int, ...], norm: _RMSNorm | None, lifted: dict) -> Any:
+    cols = [fc[:, i * taps_hidden : (i + 1) * taps_hidden] for i in local]  # the loader's PP slice
+    m = types.SimpleNamespace(
+        local_tap_indices=local, config=types.SimpleNamespace(target_hidden_size=taps_hidden),
+        context_proj=_Linear(torch.cat(cols, dim=1)) if local else None, context_norm=norm, fc_norm=None,
+        _fc_norm_weight=None, hidden_size=fc.shape[0],
+    )
+    m.project_target_tap = lambda idx, h: lifted["tap"](m, idx, h)
+    m.finalize_target_projection = lambda p: lifted["finalize"](m, p)
+    return m
+
+
+def build() -> base.Engine:
+    root = fetch.source_dir("tokenspeed")
+    if not fetch.manifest("tokenspeed"):
+        raise EngineUnavailable(f"tokenspeed {PIN.version} source is not in {root}: run `k3num fetch tokenspeed`")
+    try:
+        for qual, want in (("K3DSparkModel.project_target_tap", ["self", "capture_idx", "hidden"]),
+                           ("K3DSparkModel.finalize_target_projection", ["self", "projected"]),
+                           ("K3DSparkModel.project_target_hidden", ["self", "target_hidden"])):
+            got = source.signature_of(root / MODEL_PY, qual)
+            if got != want:
+                raise source.SourceError(f"{qual} signature changed: {got}")
+        ns = {"torch": torch}
+        lifted = {
+            "tap": source.lift(root / MODEL_PY, "K3DSparkModel.project_target_tap", ns),
+            "finalize": source.lift(root / MODEL_PY, "K3DSparkModel.finalize_target_projection", ns),
+            "hidden": source.lift(root / MODEL_PY, "K3DSparkModel.project_target_hidden",
+                                  {**ns, "segmented_rmsnorm": None}),
+            "add": source.lift(root / CONTEXT_PY, "DSparkContextProducer.add_capture", ns),
+        }
+    except source.SourceError as e:
+        raise EngineUnavailable(f"tokenspeed {PIN.version}: {e}") from e
+
+    def stage_partial(taps: torch.Tensor, fc: torch.Tensor, members: list[int]) -> torch.Tensor:
+        if taps.dtype == torch.float64:
+            raise NotImplementedError("TokenSpeed 0.1.1 accumulates the pipeline sum in float32 only")
+        k, n, h = taps.shape
+        acc = torch.zeros(n, fc.shape[0], dtype=torch.float32, device=taps.device)  # begin_stage's accumulator
+        model = _model(h, fc, tuple(sorted(members)), None, lifted)
+        producer = types.SimpleNamespace(model=model)
+        for i in sorted(members):
+            lifted["add"](producer, acc, i, taps[i])
+        return acc
+
+    def finalize(partials: list[torch.Tensor], norm: torch.Tensor, eps: float, transfer: torch.dtype,
+                 order: list[int]) -> torch.Tensor:
+        if transfer != torch.float32:
+            raise NotImplementedError(
+                f"TokenSpeed 0.1.1 sends the pipeline sum in float32 only (begin_stage refuses {transfer})")
+        acc = torch.zeros_like(partials[0], dtype=torch.float32)
+        for s in order:
+            acc.add_(partials[s])
+        model = _model(1, torch.zeros(norm.shape[0], 0, dtype=norm.dtype), (), _RMSNorm(norm, eps), lifted)
+        return model.finalize_target_projection(acc)
+
+    def unsharded(taps: torch.Tensor, fc: torch.Tensor, norm: torch.Tensor, eps: float) -> torch.Tensor:
+        k, n, h = taps.shape
+        model = _model(h, fc, tuple(range(k)), _RMSNorm(norm, eps), lifted)
+        return lifted["hidden"](model, taps.permute(1, 0, 2).reshape(n, k * h))
+
+    m = fetch.manifest("tokenspeed")
+    return base.Engine(
+        name="tokenspeed", version=PIN.version, mode="source-lifted", real_ops=STANDIN_OPS,
+        subjects={base.STAGE_PARTIAL: stage_partial, base.FINALIZE_PROJECTION: finalize,
+                  base.PROJECT_UNSHARDED: unsharded},
+        source_sha256={base.STAGE_PARTIAL: m[MODEL_PY], base.FINALIZE_PROJECTION: m[MODEL_PY],
+                       base.PROJECT_UNSHARDED: m[MODEL_PY]},
+        missing={s: "not bound from TokenSpeed 0.1.1 yet (project_latent_kv / apply_latent_rope are next)"
+                 for s in base.SUBJECTS if s not in (base.STAGE_PARTIAL, base.FINALIZE_PROJECTION,
+                                                     base.PROJECT_UNSHARDED)},
+    )

@@ -107,6 +107,33 @@ def _capture_with(*, current_layer: bool = False, branch2_next_layer: bool = Fal
     return capture
 
 
+def _duplicate_with(*, clone: bool = False, same_object: bool = False, shard_off_by_one: bool = False,
+                    weight_only: bool = False, drop_original: bool = False) -> Callable:
+    def duplicate(weights, num_layers):
+        for name, weight in weights:
+            head, marker, param = name.partition(".self_attn.kv_a_proj_with_mqa.")
+            if not (drop_original and marker):
+                yield name, weight
+            if not marker or (weight_only and param != "weight"):  # quantized params silently skipped
+                continue
+            idx = head.rsplit(".", 1)[-1]
+            if not idx.isdecimal() or int(idx) >= num_layers:
+                continue
+            copy = weight if same_object else (weight.clone() if clone else weight.detach())
+            copy.shard_id = int(idx) + (1 if shard_off_by_one else 0)
+            yield f"context_kv_proj.{param}", copy
+
+    return duplicate
+
+
+WEIGHT_MUTANTS: dict[str, Callable] = {
+    "context_copy_is_a_clone": _duplicate_with(clone=True),
+    "context_copy_is_the_same_object": _duplicate_with(same_object=True),
+    "context_shard_id_off_by_one": _duplicate_with(shard_off_by_one=True),
+    "quantized_params_not_duplicated": _duplicate_with(weight_only=True),
+    "original_kv_tensor_dropped": _duplicate_with(drop_original=True),
+}
+
 MUTANTS: dict[str, dict[str, base.Subject]] = {
     "unfused_q_not_discarded": {base.CONTEXT_KV_UNFUSED: _unfused_q_not_discarded},
     "one_norm_row_for_all_layers": {base.CONTEXT_KV_FUSED: _fused_with(norm_row0=True)},
@@ -123,11 +150,18 @@ MUTANTS: dict[str, dict[str, base.Subject]] = {
 }
 
 
+ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS])
+
+
 def build(name: str) -> base.Engine:
-    subjects = {**mirror.subjects(), **MUTANTS[name]}
-    return base.Engine(name=f"mutant-{name}", version="0", mode="reference", subjects=subjects)
+    subjects = {**mirror.subjects(), **MUTANTS.get(name, {})}
+    loading = mirror.weight_loading()
+    if name in WEIGHT_MUTANTS:
+        loading.duplicate = WEIGHT_MUTANTS[name]
+    return base.Engine(name=f"mutant-{name}", version="0", mode="reference", subjects=subjects,
+                       extras={"weight_loading": loading})
 
 
 def pytest_configure(config) -> None:
-    for name in MUTANTS:
+    for name in ALL:
         registry.register(f"mutant-{name}", lambda name=name: build(name))

@@ -6,8 +6,10 @@ low-precision baseline the real engines are judged against). CPU and CUDA.
 
 from __future__ import annotations
 
+import types
+
 from engines import base
-from engines.mirror import attn_res, context_kv, projection
+from engines.mirror import attn_res, context_kv, projection, weights
 
 VERSION = "0.1.0"
 
@@ -26,4 +28,9 @@ def subjects() -> dict[str, base.Subject]:
 
 
 def build() -> base.Engine:
-    return base.Engine(name="mirror", version=VERSION, mode="reference", subjects=subjects())
+    return base.Engine(name="mirror", version=VERSION, mode="reference", subjects=subjects(),
+                       extras={"weight_loading": weight_loading()})
+
+
+def weight_loading() -> types.SimpleNamespace:
+    return types.SimpleNamespace(duplicate=weights.duplicate, mapper=weights.Mapper())

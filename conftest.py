@@ -18,6 +18,7 @@ import torch
 from hypothesis import HealthCheck, Phase, settings
 
 from engines import registry
+from oracles import ledger
 from oracles.drift import COLLECTOR
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -98,6 +99,17 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from engines.fetch import PINS
+
+    for item in items:  # known divergences: strict xfail, so an upstream fix turns the case red
+        callspec = getattr(item, "callspec", None)
+        name = callspec.params.get("engine") if callspec else None
+        if name is None:
+            continue
+        pin = PINS.get(name.split("-")[0])
+        entry = ledger.lookup(name, pin.version if pin else "", getattr(item, "originalname", item.name))
+        if entry is not None:
+            item.add_marker(pytest.mark.xfail(strict=True, reason=f"{entry.id} ({entry.upstream}): {entry.what}"))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device; torch.cuda.is_available() is False here")

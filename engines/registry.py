@@ -63,6 +63,13 @@ def _load_builtin() -> None:
 
         register("vllm", vllm, default=True)
 
+        def vllm_rocm() -> Engine:
+            from engines import vllm_engine
+
+            return vllm_engine.build_rocm()
+
+        register("vllm-rocm", vllm_rocm, default=True)
+
         def tokenspeed() -> Engine:
             from engines import tokenspeed_engine
 

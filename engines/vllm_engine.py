@@ -24,6 +24,7 @@ Bound from the fetched, hash-checked wheel files:
 
 from __future__ import annotations
 
+import ast
 import functools
 import logging
 import os
@@ -349,4 +350,99 @@ def build() -> base.Engine:
         source_sha256=sha, missing=missing,
         storage_rounding=truncate_to_bf16 if interpret else None,
         rounding="toward_zero" if interpret else "nearest", extras={"weight_loading": loading},
+    )
+
+
+# --- the ROCm path: amd/ops/attn_res.py and the aux tap of amd/linear.py -----------------------
+
+AMD_ATTN_RES_PY = "vllm/models/kimi_k3/amd/ops/attn_res.py"
+AMD_LINEAR_PY = "vllm/models/kimi_k3/amd/linear.py"
+ROCM_STANDINS = "stand-in: the Eagle mixin's _maybe_add_hidden_state (appends hidden_states [+ residual])"
+
+
+def _load_amd_attn_res(path: Path, interpret: bool) -> Any:
+    triton, tl = _triton()
+    quant = "vllm.model_executor.layers.quantization.utils.quant_utils"
+    stubs = {name: source.stub(name) for name in (
+        "vllm", "vllm.model_executor", "vllm.model_executor.layers", "vllm.model_executor.layers.quantization",
+        "vllm.model_executor.layers.quantization.utils")}
+    stubs[quant] = source.stub(quant, get_fp8_min_max=lambda *a, **k: (-448.0, 448.0))
+    stubs["vllm.triton_utils"] = source.stub("vllm.triton_utils", tl=tl, triton=triton)
+    if not interpret:
+        return source.load_module(path, "k3num_engine.vllm_rocm.attn_res", stubs).attn_res
+    mod = types.ModuleType("k3num_engine.vllm_rocm.attn_res")
+    with source.stubbed(stubs):
+        exec(compile(path.read_text(), "<vllm amd attn_res.py (k3num source-interpreter)>", "exec"), mod.__dict__)
+    return mod.attn_res
+
+
+class _SuperToMixin(ast.NodeTransformer):
+    """`super().m(args)` -> `_mixin_m(self, args)`: the lifted method has no class to call super() on."""
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        f = node.func
+        if (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Call) and isinstance(f.value.func, ast.Name)
+                and f.value.func.id == "super"):
+            return ast.Call(func=ast.Name(id=f"_mixin_{f.attr}", ctx=ast.Load()),
+                            args=[ast.Name(id="self", ctx=ast.Load()), *node.args], keywords=node.keywords)
+        return node
+
+
+def _mixin_maybe_add_hidden_state(self: Any, aux: list, layer_idx: int, hidden_states: torch.Tensor,
+                                  residual: torch.Tensor | None) -> list:
+    if layer_idx in self.aux_hidden_state_layers:
+        aux.append(hidden_states + residual if residual is not None else hidden_states)
+    return aux
+
+
+def _bind_rocm_capture(root: Path) -> Any:
+    path = root / AMD_LINEAR_PY
+    tree = ast.parse(path.read_text(), filename=str(path))
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef)
+               and any(isinstance(b, ast.FunctionDef) and b.name == "_maybe_add_hidden_state" for b in n.body)]
+    if not classes:
+        raise source.SourceError("amd/linear.py: no class defines _maybe_add_hidden_state")
+    fn = next(b for b in classes[0].body if isinstance(b, ast.FunctionDef) and b.name == "_maybe_add_hidden_state")
+    fn.decorator_list = []
+    fn = ast.fix_missing_locations(_SuperToMixin().visit(fn))
+    glb: dict[str, Any] = {"torch": torch, "_mixin__maybe_add_hidden_state": _mixin_maybe_add_hidden_state,
+                           "__builtins__": __builtins__}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), str(path), "exec"), glb)
+    lifted = glb["_maybe_add_hidden_state"]
+
+    def capture(layer_idx, prefix_sum, pending, bank, *, enabled, weights, block_size, end_layer, num_layers,
+                is_last_rank, eps, non_final_stage="raise"):
+        # KimiLinearModel.forward (ROCm) taps `hidden_states + prefix_delta` after layer i as capture
+        # id i + 1; the block bank is passed as `residual`; the env flag is not consulted
+        model = types.SimpleNamespace(config=types.SimpleNamespace(
+            attn_res_block_size=block_size if weights is not None else None), aux_hidden_state_layers={layer_idx + 1})
+        hidden = prefix_sum if pending is None else prefix_sum + pending
+        aux: list[torch.Tensor] = []
+        lifted(model, aux, layer_idx + 1, hidden, bank if weights is not None else None)
+        return aux[-1]
+
+    return capture
+
+
+def build_rocm() -> base.Engine:
+    root = fetch.source_dir("vllm")
+    if not fetch.manifest("vllm"):
+        raise EngineUnavailable(f"vllm {PIN.version} source is not in {root}: run `k3num fetch vllm`")
+    interpret = not torch.cuda.is_available()
+    if interpret:
+        require_interpreter()
+    try:
+        subjects = {base.ATTN_RES: _load_amd_attn_res(root / AMD_ATTN_RES_PY, interpret),
+                    base.AUX_CAPTURE: _bind_rocm_capture(root)}
+    except source.SourceError as e:
+        raise EngineUnavailable(f"vllm-rocm {PIN.version}: {e}") from e
+    m = fetch.manifest("vllm")
+    return base.Engine(
+        name="vllm-rocm", version=PIN.version, mode="source-interpreter" if interpret else "source-gpu",
+        subjects=subjects, real_ops=ROCM_STANDINS,
+        source_sha256={base.ATTN_RES: m[AMD_ATTN_RES_PY], base.AUX_CAPTURE: m[AMD_LINEAR_PY]},
+        missing={s: "the ROCm path binds only attn_res and the aux tap" for s in base.SUBJECTS
+                 if s not in (base.ATTN_RES, base.AUX_CAPTURE)},
+        storage_rounding=truncate_to_bf16 if interpret else None, rounding="toward_zero" if interpret else "nearest",
     )

@@ -76,3 +76,10 @@ def _load_builtin() -> None:
             return tokenspeed_engine.build()
 
         register("tokenspeed", tokenspeed, default=True)
+
+        def sglang() -> Engine:
+            from engines import sglang_engine
+
+            return sglang_engine.build()
+
+        register("sglang", sglang, default=True)

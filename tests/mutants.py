@@ -17,6 +17,7 @@ from engines import base, mirror, registry
 from engines.mirror import attn_res as m_attn
 from engines.mirror import context_kv as m_ckv
 from engines.mirror import projection as m_proj
+from engines.mirror import transfer
 from refmodel.geometry import RopeSpec
 
 
@@ -150,7 +151,18 @@ MUTANTS: dict[str, dict[str, base.Subject]] = {
 }
 
 
-ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS])
+def _pairs_by_plain_lookup(src, dst, n_src, n_dst, allow_positional_fallback=False):
+    if n_src == 0:
+        return []
+    if src and dst:
+        where = {lid: j for j, lid in enumerate(dst)}  # repeated ids (K and V) collapse to one entry
+        return [(i, where[lid]) for i, lid in enumerate(src) if lid in where]
+    return [(i, i) for i in range(min(n_src, n_dst))]  # positional pairing of PP-heterogeneous peers
+
+
+TRANSFER_MUTANTS: dict[str, Callable] = {"transfer_pairs_by_plain_lookup": _pairs_by_plain_lookup}
+
+ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS, *TRANSFER_MUTANTS])
 
 
 def build(name: str) -> base.Engine:
@@ -158,8 +170,9 @@ def build(name: str) -> base.Engine:
     loading = mirror.weight_loading()
     if name in WEIGHT_MUTANTS:
         loading.duplicate = WEIGHT_MUTANTS[name]
+    pairs = TRANSFER_MUTANTS.get(name, transfer.build_transfer_entry_pairs)
     return base.Engine(name=f"mutant-{name}", version="0", mode="reference", subjects=subjects,
-                       extras={"weight_loading": loading})
+                       extras={"weight_loading": loading, "transfer_pairs": pairs})
 
 
 def pytest_configure(config) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import types
 
 from engines import base
-from engines.mirror import attn_res, context_kv, projection, weights
+from engines.mirror import attn_res, context_kv, projection, transfer, weights
 
 VERSION = "0.1.0"
 
@@ -29,7 +29,8 @@ def subjects() -> dict[str, base.Subject]:
 
 def build() -> base.Engine:
     return base.Engine(name="mirror", version=VERSION, mode="reference", subjects=subjects(),
-                       extras={"weight_loading": weight_loading()})
+                       extras={"weight_loading": weight_loading(),
+                               "transfer_pairs": transfer.build_transfer_entry_pairs})
 
 
 def weight_loading() -> types.SimpleNamespace:

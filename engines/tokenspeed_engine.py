@@ -12,6 +12,9 @@ that carry real weights:
   makes FINALIZE_PROJECTION after the stage sums are added in order in float32, the
   only transfer dtype TokenSpeed accepts (`begin_stage` refuses others).
 - `K3DSparkModel.project_target_hidden` is PROJECT_UNSHARDED.
+- `K3DSparkAttention.project_latent_kv` (the KV rows of each draft layer's fused_qkv_a,
+  kv_a_layernorm on kv_c) then `apply_latent_rope` (k_pe rotated in place) make
+  CONTEXT_KV_UNFUSED: TokenSpeed projects context KV per layer without computing Q.
 Each stage's context_proj weight is the global weight's columns of its local taps,
 concatenated in local order, as `K3DSparkModel.load_weights` slices it under PP.
 Stand-ins, named in `real_ops`: `ReplicatedLinear` (torch linear in the weight
@@ -26,12 +29,14 @@ from typing import Any
 import torch
 
 from engines import base, fetch, source
+from engines.mirror.context_kv import rope_cache
 from engines.registry import EngineUnavailable
 
 PIN = fetch.PINS["tokenspeed"]
 MODEL_PY = "tokenspeed/runtime/models/kimi_k3_dspark.py"
 CONTEXT_PY = "tokenspeed/runtime/execution/dspark_context.py"
-STANDIN_OPS = "stand-in: ReplicatedLinear (torch linear), RMSNorm layer (fp32 math, one rounding)"
+STANDIN_OPS = ("stand-in: ReplicatedLinear (torch linear), RMSNorm layer (fp32 math, one rounding), "
+               "tokenspeed_kernel apply_k_rope (fp32 math, one rounding; fp32 cos/sin cache)")
 
 
 class _Linear:
@@ -52,6 +57,22 @@ class _RMSNorm:
         xf = x.float()
         y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.variance_epsilon) * self.weight.float()
         return y.to(x.dtype)
+
+
+def _apply_k_rope(positions: torch.Tensor, k: torch.Tensor, head_dim: int, cos_sin_cache: torch.Tensor,
+                  is_neox: bool) -> torch.Tensor:
+    """Stand-in for tokenspeed_kernel's apply_k_rope: k [M, 1, R] rotated, fp32 math, one rounding."""
+    d = cos_sin_cache.shape[-1]
+    cos = cos_sin_cache[positions, : d // 2].float()[:, None, :]
+    sin = cos_sin_cache[positions, d // 2 :].float()[:, None, :]
+    kf = k.float()
+    if is_neox:
+        a, b = kf[..., : d // 2], kf[..., d // 2 : d]
+        rot = torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
+    else:
+        a, b = kf[..., 0:d:2], kf[..., 1:d:2]
+        rot = torch.stack([a * cos - b * sin, b * cos + a * sin], -1).flatten(-2)
+    return torch.cat([rot, kf[..., d:]], -1).to(k.dtype)
 
 
 def _model(taps_hidden: int, fc: torch.Tensor, local: tuple[int, ...], norm: _RMSNorm | None, lifted: dict) -> Any:
@@ -88,6 +109,31 @@ def build() -> base.Engine:
     except source.SourceError as e:
         raise EngineUnavailable(f"tokenspeed {PIN.version}: {e}") from e
 
+    latent_kv = source.lift(root / MODEL_PY, "K3DSparkAttention.project_latent_kv", {"torch": torch})
+    latent_rope = source.lift(root / MODEL_PY, "K3DSparkAttention.apply_latent_rope",
+                              {"torch": torch, "apply_k_rope": _apply_k_rope})
+
+    def context_kv(x: torch.Tensor, fused_w: torch.Tensor, norm: torch.Tensor, positions: torch.Tensor,
+                   rope: Any, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per draft layer: project_latent_kv (KV rows of fused_qkv_a only, norm on kv_c), then
+        apply_latent_rope on the k_pe tail with the layer's fp32 cos/sin cache."""
+        num_layers, width_all, _ = fused_w.shape
+        kv_lora, r = norm.shape[1], rope.rotary_dim
+        max_pos = int(positions.max()) + 1 if positions.numel() else 1
+        rotary = types.SimpleNamespace(cos_sin_cache=rope_cache(rope, max_pos, torch.float32, x.device),
+                                       is_neox_style=rope.style == "neox")
+        outs = []
+        for layer in range(num_layers):
+            attn = types.SimpleNamespace(
+                kv_lora_rank=kv_lora, qk_rope_head_dim=r, q_lora_rank=width_all - kv_lora - r,
+                fused_qkv_a_proj_with_mqa=types.SimpleNamespace(weight=fused_w[layer]),
+                kv_a_layernorm=_RMSNorm(norm[layer], eps), rotary_emb=rotary,
+            )
+            latent = latent_kv(attn, x)
+            outs.append(latent_rope(attn, positions, latent))
+        out = torch.stack(outs)  # [L, N, kv_lora + r]
+        return out[..., :kv_lora], out[..., kv_lora:]
+
     def stage_partial(taps: torch.Tensor, fc: torch.Tensor, members: list[int]) -> torch.Tensor:
         if taps.dtype == torch.float64:
             raise NotImplementedError("TokenSpeed 0.1.1 accumulates the pipeline sum in float32 only")
@@ -119,10 +165,14 @@ def build() -> base.Engine:
     return base.Engine(
         name="tokenspeed", version=PIN.version, mode="source-lifted", real_ops=STANDIN_OPS,
         subjects={base.STAGE_PARTIAL: stage_partial, base.FINALIZE_PROJECTION: finalize,
-                  base.PROJECT_UNSHARDED: unsharded},
+                  base.PROJECT_UNSHARDED: unsharded, base.CONTEXT_KV_UNFUSED: context_kv},
         source_sha256={base.STAGE_PARTIAL: m[MODEL_PY], base.FINALIZE_PROJECTION: m[MODEL_PY],
-                       base.PROJECT_UNSHARDED: m[MODEL_PY]},
-        missing={s: "not bound from TokenSpeed 0.1.1 yet (project_latent_kv / apply_latent_rope are next)"
-                 for s in base.SUBJECTS if s not in (base.STAGE_PARTIAL, base.FINALIZE_PROJECTION,
-                                                     base.PROJECT_UNSHARDED)},
+                       base.PROJECT_UNSHARDED: m[MODEL_PY], base.CONTEXT_KV_UNFUSED: m[MODEL_PY]},
+        missing={
+            base.CONTEXT_KV_FUSED: "TokenSpeed 0.1.1 projects context KV per draft layer (bound as the per-layer "
+                                   "subject context_kv_unfused); it has no cross-layer fused GEMM",
+            base.ATTN_RES: "TokenSpeed 0.1.1's AttnRes kernel is not in the pinned files",
+            base.AUX_CAPTURE: "not bound from TokenSpeed 0.1.1 yet (_context_tap_owner_layer is next)",
+            base.DRAFT_CONTEXT_KV: "TokenSpeed 0.1.1's DSpark draft is MLA; the DFlash GQA path is SGLang's",
+        },
     )

@@ -43,10 +43,16 @@ STAGE_PARTIAL = "stage_partial"
 FINALIZE_PROJECTION = "finalize_projection"
 PROJECT_UNSHARDED = "project_unsharded"
 DRAFT_CONTEXT_KV = "draft_context_kv"
+# the read-only pre-norm AttnRes mixture (SGLang's aggregate_stream family):
+# (prefix [T,H], bank [T,NB,H], nvb, norm_weight [H], proj_weight [H], eps) -> mixture [T,H]
+ATTN_RES_MIX = "attn_res_mix"  # the public entry point (dispatches on shape and platform)
+ATTN_RES_MIX_TRITON = "attn_res_mix_triton"  # the Triton score + combine kernels
+ATTN_RES_MIX_EAGER = "attn_res_mix_eager"  # the eager PyTorch reference of the engine
 
 SUBJECTS = (
     CONTEXT_KV_FUSED, CONTEXT_KV_UNFUSED, ATTN_RES, AUX_CAPTURE, STAGE_PARTIAL,
-    FINALIZE_PROJECTION, PROJECT_UNSHARDED, DRAFT_CONTEXT_KV,
+    FINALIZE_PROJECTION, PROJECT_UNSHARDED, DRAFT_CONTEXT_KV, ATTN_RES_MIX, ATTN_RES_MIX_TRITON,
+    ATTN_RES_MIX_EAGER,
 )
 
 Subject = Callable[..., Any]

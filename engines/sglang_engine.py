@@ -1,16 +1,27 @@
 """SGLang 0.5.23's real code as subjects, in source mode (BRIEF §4).
 
-Bound so far: `sglang/srt/disaggregation/utils.py::build_transfer_entry_pairs`, lifted
-(a pure function), exposed as the `transfer_pairs` contract. Not bound yet, each
-skipped with this reason: the AttnRes Triton kernels (`_mix_fused`,
-`aggregate_stream`), `aggregate_stream_torch`, `fused_kv_norm_rope_write`, and DFlash
+Bound so far:
+- `sglang/srt/layers/attn_residual.py`: `aggregate_stream` (ATTN_RES_MIX: the public
+  entry point, which takes the Triton pair when H is a multiple of 1024 and the eager
+  path otherwise), `_mix_fused` (ATTN_RES_MIX_TRITON: `_score_kernel` + `_combine_kernel`),
+  `aggregate_stream_torch` (ATTN_RES_MIX_EAGER). The module is loaded with stubs for its
+  three SGLang imports; its RMSNorm and ReplicatedLinear layers are stand-ins (fp32 math,
+  one rounding; a torch linear in the weight dtype). Triton runs natively on a GPU, under
+  the interpreter elsewhere (exec'd from source text, like vLLM's kernel).
+- `sglang/srt/disaggregation/utils.py::build_transfer_entry_pairs`, lifted (a pure
+  function), exposed as the `transfer_pairs` contract.
+Not bound yet, each skipped with this reason: `fused_kv_norm_rope_write`, DFlash
 `project_target_hidden` / `kv_proj_only`.
 """
 
 from __future__ import annotations
 
+import types
 from collections import deque
-from typing import List, Tuple
+from pathlib import Path
+from typing import Any, List, Tuple
+
+import torch
 
 from engines import base, fetch, source
 from engines.registry import EngineUnavailable
@@ -32,8 +43,80 @@ def build() -> base.Engine:
         pairs = source.lift(path, "build_transfer_entry_pairs", {"deque": deque, "List": List, "Tuple": Tuple})
     except source.SourceError as e:
         raise EngineUnavailable(f"sglang {PIN.version}: {e}") from e
+    interpret = not torch.cuda.is_available()
+    if interpret:
+        from engines.vllm_engine import require_interpreter
+
+        require_interpreter()
+    mod = _load_attn_residual(root / ATTN_PY, interpret)
+    subjects = {base.ATTN_RES_MIX: _mix_subject(mod.aggregate_stream, dispatches=True, interpret=interpret),
+                base.ATTN_RES_MIX_TRITON: _mix_subject(mod._mix_fused, triton_only=True, interpret=interpret),
+                base.ATTN_RES_MIX_EAGER: _mix_subject(mod.aggregate_stream_torch)}
+    m = fetch.manifest("sglang")
     return base.Engine(
-        name="sglang", version=PIN.version, mode="source-lifted", subjects={},
-        source_sha256={"transfer_pairs": fetch.manifest("sglang")[UTILS_PY]},
-        missing={s: NOT_YET for s in base.SUBJECTS}, extras={"transfer_pairs": pairs},
+        name="sglang", version=PIN.version, mode="source-interpreter" if interpret else "source-gpu",
+        subjects=subjects, real_ops=STANDINS,
+        source_sha256={**{s: m[ATTN_PY] for s in subjects}, "transfer_pairs": m[UTILS_PY]},
+        missing={s: NOT_YET for s in base.SUBJECTS if s not in subjects},
+        # the eager path rounds the normed rows and the scores to bf16 before its softmax
+        extras={"transfer_pairs": pairs, "logit_dtype": {base.ATTN_RES_MIX_EAGER: torch.bfloat16,
+                                                         base.ATTN_RES_MIX: torch.bfloat16}},
+        storage_rounding=None, rounding="toward_zero" if interpret else "nearest",
     )
+
+
+ATTN_PY = "sglang/srt/layers/attn_residual.py"
+STANDINS = "stand-in: sglang RMSNorm layer (fp32 math, one rounding), ReplicatedLinear (torch linear)"
+
+
+class _RMSNorm:
+    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+        self.weight, self.variance_epsilon = weight, eps
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.variance_epsilon)
+                * self.weight.float()).to(x.dtype)
+
+
+class _Linear:
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return torch.nn.functional.linear(x, self.weight), None
+
+
+def _load_attn_residual(path: Path, interpret: bool) -> types.ModuleType:
+    import triton  # noqa: F401  (imported before the stubs go in, so it stays in sys.modules)
+    import triton.language  # noqa: F401
+
+    stubs = {name: source.stub(name) for name in ("sglang", "sglang.srt", "sglang.srt.layers")}
+    stubs["sglang.srt.layers.layernorm"] = source.stub("sglang.srt.layers.layernorm", RMSNorm=_RMSNorm)
+    stubs["sglang.srt.layers.linear"] = source.stub("sglang.srt.layers.linear", ReplicatedLinear=_Linear)
+    stubs["sglang.srt.utils"] = source.stub("sglang.srt.utils", is_cuda=torch.cuda.is_available,
+                                            is_hip=lambda: False, is_npu=lambda: False)
+    if not interpret:
+        return source.load_module(path, "k3num_engine.sglang.attn_residual", stubs)
+    mod = types.ModuleType("k3num_engine.sglang.attn_residual")
+    with source.stubbed(stubs):
+        exec(compile(path.read_text(), "<sglang attn_residual.py (k3num source-interpreter)>", "exec"), mod.__dict__)
+    return mod
+
+
+INTERPRETER_GAP = ("the Triton interpreter cannot run _combine_kernel's loop `range(0, NVB + 1)` over a runtime "
+                   "kernel argument (a variant of BRIEF §4 quirk b): the Triton pair runs on the GPU only")
+
+
+def _mix_subject(fn: Any, *, triton_only: bool = False, dispatches: bool = False, interpret: bool = False) -> Any:
+    def mix(prefix: torch.Tensor, bank: torch.Tensor, nvb: int, norm_weight: torch.Tensor,
+            proj_weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if triton_only and prefix.shape[1] % 1024:
+            raise NotImplementedError("SGLang's _mix_fused needs hidden % 1024 == 0 (BLOCK_H 1024)")
+        triton_path = triton_only or (dispatches and prefix.shape[1] % 1024 == 0 and nvb > 0)
+        if interpret and triton_path:
+            raise NotImplementedError(INTERPRETER_GAP)
+        # a fresh proj object per call: get_cw caches norm * proj on it
+        return fn(prefix, bank, nvb, _Linear(proj_weight.unsqueeze(0)), _RMSNorm(norm_weight, eps))
+
+    return mix

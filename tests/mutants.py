@@ -135,7 +135,19 @@ WEIGHT_MUTANTS: dict[str, Callable] = {
     "original_kv_tensor_dropped": _duplicate_with(drop_original=True),
 }
 
+def _mix_without_prefix(prefix, bank, nvb, norm, proj, eps):
+    if nvb == 0:
+        return prefix.clone()
+    # the running prefix left out of the sources: softmax over the committed blocks only
+    src = bank[:, :nvb].float()
+    logits = (src @ (norm.float() * proj.float())) * torch.rsqrt(src.square().mean(-1) + eps)
+    return torch.einsum("ts,tsh->th", torch.softmax(logits, -1), src).to(prefix.dtype)
+
+
 MUTANTS: dict[str, dict[str, base.Subject]] = {
+    "mixture_without_the_prefix_source": {base.ATTN_RES_MIX: _mix_without_prefix,
+                                          base.ATTN_RES_MIX_TRITON: _mix_without_prefix,
+                                          base.ATTN_RES_MIX_EAGER: _mix_without_prefix},
     "unfused_q_not_discarded": {base.CONTEXT_KV_UNFUSED: _unfused_q_not_discarded},
     "one_norm_row_for_all_layers": {base.CONTEXT_KV_FUSED: _fused_with(norm_row0=True)},
     "positions_not_repeated_per_layer": {base.CONTEXT_KV_FUSED: _fused_with(token_major_positions=True)},

@@ -24,6 +24,9 @@ def subjects() -> dict[str, base.Subject]:
         base.FINALIZE_PROJECTION: projection.finalize_projection,
         base.PROJECT_UNSHARDED: projection.project_unsharded,
         base.DRAFT_CONTEXT_KV: projection.draft_context_kv,
+        base.ATTN_RES_MIX: attn_res.mix_read_only,
+        base.ATTN_RES_MIX_TRITON: attn_res.mix_read_only,
+        base.ATTN_RES_MIX_EAGER: attn_res.mix_read_only,
     }
 
 

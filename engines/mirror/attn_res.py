@@ -86,3 +86,9 @@ def capture_aux_stream(
         raise NonFinalStageTapError(f"aux tap after layer {layer_idx}: last layer of a non-final PP stage")
     norm_w, proj_w, nbl = branch
     return attn_res(prefix, None, bank, norm_w, proj_w, None, nbl, -1, eps, 0.0)
+
+
+def mix_read_only(prefix: torch.Tensor, bank: torch.Tensor, nvb: int, norm_weight: torch.Tensor,
+                  proj_weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The pre-norm mixture: the kernel with no delta, no bank write, no output norm."""
+    return attn_res(prefix, None, bank, norm_weight, proj_weight, None, nvb, -1, eps, 0.0)

@@ -1,0 +1,60 @@
+"""The read-only pre-norm AttnRes mixture (SGLang's aggregate_stream family) against the oracle."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engines import base
+from fixtures.strategies import seeds
+from fixtures.tensors import Draw
+from oracles import budgets
+from oracles.records import judge
+from properties.support import LOW, call, report, subject, up
+from refmodel import attn_res as ref
+
+DEVICE = "cpu"
+EPS = 1e-5
+SUBJECTS = [base.ATTN_RES_MIX, base.ATTN_RES_MIX_TRITON, base.ATTN_RES_MIX_EAGER]
+
+
+def mix_budget(engine, name: str, want: torch.Tensor, sources: torch.Tensor, q: torch.Tensor,
+               hidden: int) -> budgets.Budget:
+    """One output rounding + fp32 arithmetic (as for the kernel), plus what a subject that rounds its
+    logits to a low dtype adds: a logit error of u_l (|logit| + sum |n||q|) (the rounded normed row and
+    the rounded score) moves each softmax weight by <= 2 max|dlogit| relative, so the mixture by
+    <= 2 max|dlogit| max|v|."""
+    rms = torch.rsqrt(sources.square().mean(-1, keepdim=True) + EPS)
+    normed = sources * rms
+    logits = normed @ q
+    ref_max = want.abs().max().item()
+    fp32 = 4 * budgets.probabilistic(hidden, budgets.U32) * (1 + logits.abs().max().item()) * ref_max
+    ldt = engine.extras.get("logit_dtype", {}).get(name)
+    extra, rule = 0.0, ""
+    if ldt is not None:
+        u_l = budgets.unit_roundoff(ldt)
+        dlogit = u_l * (logits.abs() + normed.abs() @ q.abs()).max().item()
+        extra, rule = 2 * dlogit * sources.abs().max().item(), f"+2*u({ldt})*(|logit|+|n|.|q|)*max|v|"
+    return budgets.theory_rule(ref_max, LOW, 1, acc_term=fp32 + extra,
+                               acc_rule="4*lambda*sqrt(H)*u32*(1+max|logit|)" + rule, rounding=engine.rounding)
+
+
+@pytest.mark.parametrize("hidden", [64, 1024])
+@pytest.mark.parametrize("name", SUBJECTS)
+@given(tokens=st.integers(1, 4), nvb=st.integers(0, 8), seed=seeds)
+def test_read_only_mixture_within_rounding_budget_of_oracle(engine, name: str, hidden: int, tokens: int, nvb: int,
+                                                            seed: int) -> None:
+    fn = subject(engine, name)
+    d = Draw(seed)
+    prefix, bank = d.normal((tokens, hidden)).to(LOW), d.normal((tokens, 8, hidden)).to(LOW)
+    norm, proj = d.positive((hidden,)).to(LOW), d.normal((hidden,), hidden**-0.5).to(LOW)
+    before = (prefix.clone(), bank.clone())
+    out = call(engine, fn, prefix, bank, nvb, norm, proj, EPS)
+    want, _, _ = ref.attn_res(up(prefix), None, up(bank), up(norm), up(proj), None, nvb, -1, EPS, 0.0)
+    sources = torch.cat([up(bank[:, :nvb]), up(prefix)[:, None]], 1)
+    budget = mix_budget(engine, name, want, sources, up(norm) * up(proj), hidden)
+    report(judge(property="read_only_mixture_within_rounding_budget", engine=engine, subject=name, actual=out,
+                 reference=want, budget=budget, seed=seed, reduction_len=hidden, detail=f"nvb={nvb}"))
+    assert torch.equal(prefix, before[0]) and torch.equal(bank, before[1]), "a read-only mixture wrote its inputs"

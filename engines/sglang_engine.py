@@ -10,8 +10,10 @@ Bound so far:
   the interpreter elsewhere (exec'd from source text, like vLLM's kernel).
 - `sglang/srt/disaggregation/utils.py::build_transfer_entry_pairs`, lifted (a pure
   function), exposed as the `transfer_pairs` contract.
-Not bound yet, each skipped with this reason: `fused_kv_norm_rope_write`, DFlash
-`project_target_hidden` / `kv_proj_only`.
+- `sglang/kernels/ops/speculative/dspark/fused_kv_write.py::fused_kv_norm_rope_write`
+  (Triton) as DRAFT_CONTEXT_KV, fed by a torch bf16 K/V projection.
+Not bound yet, each skipped with this reason: DFlash `project_target_hidden` /
+`kv_proj_only`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from engines.registry import EngineUnavailable
 
 PIN = fetch.PINS["sglang"]
 UTILS_PY = "sglang/srt/disaggregation/utils.py"
-NOT_YET = "not bound from SGLang 0.5.23 yet (attn_residual, fused_kv_write and dflash are next)"
+NOT_YET = "not bound from SGLang 0.5.23 yet (DFlash project_target_hidden / kv_proj_only are next)"
 
 
 def build() -> base.Engine:
@@ -49,14 +51,17 @@ def build() -> base.Engine:
 
         require_interpreter()
     mod = _load_attn_residual(root / ATTN_PY, interpret)
-    subjects = {base.ATTN_RES_MIX: _mix_subject(mod.aggregate_stream, dispatches=True, interpret=interpret),
+    fkw = _load_plain_triton(root / FKW_PY, interpret, "fused_kv_write")
+    subjects = {base.DRAFT_CONTEXT_KV: _draft_kv_subject(fkw.fused_kv_norm_rope_write),
+                base.ATTN_RES_MIX: _mix_subject(mod.aggregate_stream, dispatches=True, interpret=interpret),
                 base.ATTN_RES_MIX_TRITON: _mix_subject(mod._mix_fused, triton_only=True, interpret=interpret),
                 base.ATTN_RES_MIX_EAGER: _mix_subject(mod.aggregate_stream_torch)}
     m = fetch.manifest("sglang")
     return base.Engine(
         name="sglang", version=PIN.version, mode="source-interpreter" if interpret else "source-gpu",
         subjects=subjects, real_ops=STANDINS,
-        source_sha256={**{s: m[ATTN_PY] for s in subjects}, "transfer_pairs": m[UTILS_PY]},
+        source_sha256={**{s: m[ATTN_PY] for s in subjects}, base.DRAFT_CONTEXT_KV: m[FKW_PY],
+                       "transfer_pairs": m[UTILS_PY]},
         missing={s: NOT_YET for s in base.SUBJECTS if s not in subjects},
         # the eager path rounds the normed rows and the scores to bf16 before its softmax
         extras={"transfer_pairs": pairs, "logit_dtype": {base.ATTN_RES_MIX_EAGER: torch.bfloat16,
@@ -66,6 +71,45 @@ def build() -> base.Engine:
 
 
 ATTN_PY = "sglang/srt/layers/attn_residual.py"
+FKW_PY = "sglang/kernels/ops/speculative/dspark/fused_kv_write.py"
+
+
+def _load_plain_triton(path: Path, interpret: bool, name: str) -> types.ModuleType:
+    """A kernel file whose only imports are torch and triton."""
+    if not interpret:
+        return source.load_module(path, f"k3num_engine.sglang.{name}", {})
+    mod = types.ModuleType(f"k3num_engine.sglang.{name}")
+    exec(compile(path.read_text(), f"<sglang {name}.py (k3num source-interpreter)>", "exec"), mod.__dict__)
+    return mod
+
+
+def _draft_kv_subject(write: Any) -> Any:
+    """DRAFT_CONTEXT_KV through `fused_kv_norm_rope_write` (Triton): per-head K RMSNorm, the normed K
+    rounded to bf16, RoPE (either pairing, partial rotary), bf16 K and raw V rows written to per-layer
+    pools at their slots; read back from the pools. The K/V projections feeding it are a torch bf16
+    linear (stand-in for DFlash `kv_proj_only`, not bound yet)."""
+
+    def draft_kv(ctx: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor, k_norm: torch.Tensor,
+                 positions: torch.Tensor, rope: Any, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        from engines.mirror.context_kv import rope_cache
+
+        num_layers, width, _ = k_weight.shape
+        d, n = k_norm.shape[1], ctx.shape[0]
+        kv = torch.cat([torch.cat([ctx @ k_weight[layer].T, ctx @ v_weight[layer].T], -1)
+                        for layer in range(num_layers)], -1).contiguous()  # [T, L * 2 * KV]
+        max_pos = int(positions.max()) + 1 if positions.numel() else 1
+        cache = rope_cache(rope, max_pos, torch.float32, ctx.device).contiguous()  # [P, ROT] = [cos | sin]
+        k_bufs = [torch.zeros(n, width, dtype=torch.bfloat16, device=ctx.device) for _ in range(num_layers)]
+        v_bufs = [torch.zeros(n, width, dtype=torch.bfloat16, device=ctx.device) for _ in range(num_layers)]
+        meta = torch.tensor([[k.data_ptr(), v.data_ptr(), width, width] for k, v in zip(k_bufs, v_bufs)],
+                            dtype=torch.int64, device=ctx.device)
+        locs = torch.arange(n, device=ctx.device)
+        write(kv, meta, k_norm.contiguous(), cache, positions, locs, num_layers, width, d, eps,
+              is_neox_style=rope.style == "neox", rotary_dim=rope.rotary_dim)
+        shape = (num_layers, n, width // d, d)
+        return torch.stack(k_bufs).view(shape), torch.stack(v_bufs).view(shape)
+
+    return draft_kv
 STANDINS = "stand-in: sglang RMSNorm layer (fp32 math, one rounding), ReplicatedLinear (torch linear)"
 
 

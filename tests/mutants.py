@@ -135,6 +135,22 @@ WEIGHT_MUTANTS: dict[str, Callable] = {
     "original_kv_tensor_dropped": _duplicate_with(drop_original=True),
 }
 
+def _draft_kv_norm_across_heads(ctx, k_weight, v_weight, k_norm, positions, rope, eps):
+    num_layers, width, _ = k_weight.shape
+    d, n = k_norm.shape[1], ctx.shape[0]
+    ks, vs = [], []
+    for layer in range(num_layers):
+        k = ctx @ k_weight[layer].T  # [N, KVH*D]
+        kf = k.float()
+        k = (kf * torch.rsqrt(kf.square().mean(-1, keepdim=True) + eps)).to(k.dtype)  # one rms over all heads
+        k = k.view(n, width // d, d) * k_norm[layer]
+        cache = m_ckv.rope_cache(rope, int(positions.max()) + 1, torch.float32, ctx.device)
+        k = m_ckv.rotary(k.reshape(-1, d), positions.repeat_interleave(width // d), cache, rope.style)
+        ks.append(k.view(n, width // d, d))
+        vs.append((ctx @ v_weight[layer].T).view(n, width // d, d))
+    return torch.stack(ks), torch.stack(vs)
+
+
 def _mix_without_prefix(prefix, bank, nvb, norm, proj, eps):
     if nvb == 0:
         return prefix.clone()
@@ -145,6 +161,7 @@ def _mix_without_prefix(prefix, bank, nvb, norm, proj, eps):
 
 
 MUTANTS: dict[str, dict[str, base.Subject]] = {
+    "draft_k_norm_across_heads": {base.DRAFT_CONTEXT_KV: _draft_kv_norm_across_heads},
     "mixture_without_the_prefix_source": {base.ATTN_RES_MIX: _mix_without_prefix,
                                           base.ATTN_RES_MIX_TRITON: _mix_without_prefix,
                                           base.ATTN_RES_MIX_EAGER: _mix_without_prefix},

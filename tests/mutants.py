@@ -1,7 +1,7 @@
 """Deliberately broken mirrors: each carries one realistic bug in one subject.
 
 Loaded as a pytest plugin (`-p tests.mutants`), it registers one engine per
-mutant (`mutant-<name>`); every other subject is the correct mirror's. The
+mutant (`mutant-<name>`); it carries only that subject (the rest skip). The
 self-test `test_mutants_are_caught.py` runs the property suite on all of them
 under the `ci` profile and asserts each fails at least one property, which
 is how the suite proves its power.
@@ -17,7 +17,6 @@ from engines import base, mirror, registry
 from engines.mirror import attn_res as m_attn
 from engines.mirror import context_kv as m_ckv
 from engines.mirror import projection as m_proj
-from engines.mirror import transfer
 from refmodel.geometry import RopeSpec
 
 
@@ -195,13 +194,32 @@ ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS, *TRANSFER_MUTANTS])
 
 
 def build(name: str) -> base.Engine:
-    subjects = {**mirror.subjects(), **MUTANTS.get(name, {})}
-    loading = mirror.weight_loading()
+    """The mirror reduced to the path of the broken piece (everything else is absent and skips), so
+    the self-test spends its time only where the bug is."""
+    extras: dict[str, object] = {}
     if name in WEIGHT_MUTANTS:
+        loading = mirror.weight_loading()
         loading.duplicate = WEIGHT_MUTANTS[name]
-    pairs = TRANSFER_MUTANTS.get(name, transfer.build_transfer_entry_pairs)
-    return base.Engine(name=f"mutant-{name}", version="0", mode="reference", subjects=subjects,
-                       extras={"weight_loading": loading, "transfer_pairs": pairs})
+        extras["weight_loading"] = loading
+    if name in TRANSFER_MUTANTS:
+        extras["transfer_pairs"] = TRANSFER_MUTANTS[name]
+    broken = MUTANTS.get(name, {})
+    correct = mirror.subjects()
+    subjects = {s: correct[s] for group in PATHS if set(group) & set(broken) for s in group}
+    subjects.update(broken)
+    return base.Engine(name=f"mutant-{name}", version="0", mode="reference", subjects=subjects, extras=extras,
+                       missing={s: "a mutant carries only the path of its broken subject" for s in base.SUBJECTS})
+
+
+# the subjects that are exercised together (a broken one keeps its correct companions)
+PATHS = (
+    (base.CONTEXT_KV_FUSED, base.CONTEXT_KV_UNFUSED),
+    (base.ATTN_RES,),
+    (base.AUX_CAPTURE,),
+    (base.STAGE_PARTIAL, base.FINALIZE_PROJECTION, base.PROJECT_UNSHARDED),
+    (base.DRAFT_CONTEXT_KV,),
+    (base.ATTN_RES_MIX, base.ATTN_RES_MIX_TRITON, base.ATTN_RES_MIX_EAGER),
+)
 
 
 def pytest_configure(config) -> None:

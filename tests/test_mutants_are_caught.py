@@ -30,11 +30,15 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, st
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert xml.exists(), f"the property run produced no report:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     out: dict[str, dict[str, str]] = {}
+    names = sorted(engines.split(","), key=len, reverse=True)
     for case in ET.parse(xml).getroot().iter("testcase"):
         m = re.search(r"\[([^\]]+)\]$", case.get("name", ""))
         if not m:
             continue
-        engine = m.group(1)  # the engine is the test's parametrize id
+        # the id starts with the engine name (which may itself contain '-'), then other params
+        engine = next((n for n in names if m.group(1) == n or m.group(1).startswith(n + "-")), None)
+        if engine is None:
+            continue
         status = "failed" if case.find("failure") is not None or case.find("error") is not None else (
             "skipped" if case.find("skipped") is not None else "passed")
         out.setdefault(engine, {})[case.get("name", "")] = status

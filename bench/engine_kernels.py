@@ -1,0 +1,126 @@
+"""Achieved bandwidth of the engines' Triton kernels at K3 shapes, against the copy rate of the same run.
+
+Usage (on a CUDA machine, after `k3num fetch`):
+    python bench/engine_kernels.py [--tokens 8192] [--reps 20] [--csv PATH]
+    python bench/engine_kernels.py --device cpu --tokens 4 --hidden 1024   # a smoke run under the interpreter
+
+Kernels (BRIEF §4): vLLM `attn_res` (8 committed blocks + the prefix, output norm),
+vLLM ROCm `attn_res` (Triton; it runs on NVIDIA too), SGLang `_mix_fused` (score +
+combine pair) and `fused_kv_norm_rope_write` (6 layers, 8 KV heads x 128, NeoX).
+Bytes are the fewest each kernel must move (inputs read once, outputs written
+once); the copy rate is a device-to-device copy of 2 GiB timed the same way,
+counting bytes read plus written. Timing: CUDA events, median of --reps after a
+warm-up; on the CPU, perf_counter (interpreter timings mean nothing but that it ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _time(fn: Callable[[], object], device: torch.device, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _copy_time(device: torch.device, reps: int) -> tuple[float, int]:
+    """Seconds for one device-to-device copy of 2 GiB (64 KiB off the GPU) and its bytes read + written."""
+    n = (1 << 30) if device.type == "cuda" else 1 << 15
+    src = torch.empty(n, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    return _time(lambda: dst.copy_(src), device, reps), 2 * 2 * n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--csv", default=None)
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        import os
+
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    from engines import base, registry
+    from refmodel.geometry import RopeSpec
+
+    t, h, nb, bf = args.tokens, args.hidden, 8, 2
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)
+
+    rows: list[dict[str, object]] = []
+    copy_s, copy_bytes = _copy_time(device, args.reps)
+    copy_rate = copy_bytes / copy_s
+    rows.append({"kernel": "device copy (2 GiB)", "ms": copy_s * 1e3, "GB/s": copy_rate / 1e9, "of copy": 1.0})
+
+    prefix, delta, blocks = randn(t, h), randn(t, h), randn(t, nb, h)
+    nw, qk, ow = randn(h).abs() + 0.5, randn(h) / h**0.5, randn(h).abs() + 0.5
+    cases: list[tuple[str, str, str, Callable[[base.Subject], object], float]] = [
+        ("vllm", base.ATTN_RES, "vLLM attn_res (8 blocks, delta, output norm)",
+         lambda f: f(prefix.clone(), delta, blocks, nw, qk, ow, nb, -1, 1e-5, 1e-5), bf * t * h * (nb + 4)),
+        ("vllm-rocm", base.ATTN_RES, "vLLM ROCm attn_res (same call)",
+         lambda f: f(prefix.clone(), delta, blocks, nw, qk, ow, nb, -1, 1e-5, 1e-5), bf * t * h * (nb + 4)),
+        ("sglang", base.ATTN_RES_MIX_TRITON, "SGLang _mix_fused (score + combine)",
+         lambda f: f(prefix, blocks, nb, nw, qk, 1e-5), bf * t * h * (nb + 2)),
+    ]
+    kvh, d, layers = 8, 128, 6
+    ctx = randn(t, h)
+    kw, vw, kn = randn(layers, kvh * d, h) / h**0.5, randn(layers, kvh * d, h) / h**0.5, randn(layers, d).abs() + 0.5
+    pos = torch.arange(t, device=device)
+    neox = RopeSpec(d, 50000.0, "neox", None)
+    cases.append(("sglang", base.DRAFT_CONTEXT_KV, "SGLang fused_kv_norm_rope_write (+ the K/V GEMMs)",
+                  lambda f: f(ctx, kw, vw, kn, pos, neox, 1e-5), bf * t * layers * 2 * kvh * d * 2))
+    for engine_name, subject_name, label, call, nbytes in cases:
+        try:
+            fn = registry.get(engine_name).subject(subject_name)
+        except (registry.EngineUnavailable, base.SubjectMissing) as e:
+            print(f"  {label}: skipped: {e}", file=sys.stderr)
+            continue
+        print(f"  {label} ...", file=sys.stderr, flush=True)
+        try:
+            s = _time(lambda: call(fn), device, args.reps)
+        except NotImplementedError as e:
+            print(f"  {label}: skipped: {e}", file=sys.stderr)
+            continue
+        rows.append({"kernel": label, "ms": s * 1e3, "GB/s": nbytes / s / 1e9, "of copy": nbytes / s / copy_rate})
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (Triton interpreter)"
+    print(f"# engine kernels on {name}, T={t}, hidden={h}, reps {args.reps} (median)")
+    print(f"| {'kernel':<52} | {'ms':>8} | {'GB/s':>8} | {'of copy':>7} |")
+    print(f"|{'-' * 54}|{'-' * 10}|{'-' * 10}|{'-' * 9}|")
+    for r in rows:
+        print(f"| {r['kernel']:<52} | {r['ms']:>8.3f} | {r['GB/s']:>8.1f} | {r['of copy']:>7.2f} |")
+    if args.csv:
+        import pandas as pd
+
+        pd.DataFrame(rows).to_csv(args.csv, index=False)
+
+
+if __name__ == "__main__":
+    main()

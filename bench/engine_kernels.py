@@ -16,9 +16,7 @@ warm-up; on the CPU, perf_counter (interpreter timings mean nothing but that it 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,31 +24,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def _time(fn: Callable[[], object], device: torch.device, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from bench.timing import median_seconds  # noqa: E402
 
 
-def _copy_time(device: torch.device, reps: int) -> tuple[float, int]:
+def _copymedian_seconds(device: torch.device, reps: int) -> tuple[float, int]:
     """Seconds for one device-to-device copy of 2 GiB (64 KiB off the GPU) and its bytes read + written."""
     n = (1 << 30) if device.type == "cuda" else 1 << 15
     src = torch.empty(n, dtype=torch.bfloat16, device=device)
     dst = torch.empty_like(src)
-    return _time(lambda: dst.copy_(src), device, reps), 2 * 2 * n
+    return median_seconds(lambda: dst.copy_(src), device, reps), 2 * 2 * n
 
 
 def main() -> None:
@@ -76,7 +58,7 @@ def main() -> None:
         return torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)
 
     rows: list[dict[str, object]] = []
-    copy_s, copy_bytes = _copy_time(device, args.reps)
+    copy_s, copy_bytes = _copymedian_seconds(device, args.reps)
     copy_rate = copy_bytes / copy_s
     rows.append({"kernel": "device copy (2 GiB)", "ms": copy_s * 1e3, "GB/s": copy_rate / 1e9, "of copy": 1.0})
 
@@ -105,7 +87,7 @@ def main() -> None:
             continue
         print(f"  {label} ...", file=sys.stderr, flush=True)
         try:
-            s = _time(lambda: call(fn), device, args.reps)
+            s = median_seconds(lambda: call(fn), device, args.reps)
         except NotImplementedError as e:
             print(f"  {label}: skipped: {e}", file=sys.stderr)
             continue

@@ -20,9 +20,7 @@ on the CPU, perf_counter, median of --reps.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,28 +28,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.timing import median_seconds  # noqa: E402
 from fixtures.tensors import Draw  # noqa: E402
 from oracles import budgets  # noqa: E402
 from refmodel import attn_res, geometry, mla, partial_projection  # noqa: E402
-
-
-def _time(fn: Callable[[], object], device: torch.device, reps: int) -> float:
-    """Median seconds of fn() after one warm-up."""
-    fn()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _profile(fn: Callable[[], object], device: torch.device) -> None:
@@ -200,7 +180,7 @@ def main() -> None:
                 if args.only and not any(s in case for s in args.only.split(",")) and "plain" not in case:
                     continue
                 print(f"  N={n}: {case} ...", file=sys.stderr, flush=True)
-                s = _time(fn, device, reps)
+                s = median_seconds(fn, device, reps)
                 if args.profile:
                     _profile(fn, device)
                 if "plain" in case:

@@ -50,36 +50,29 @@ def get(name: str) -> Engine:
     return _CACHE[name]
 
 
+# the real engines: registry name -> (adapter module, factory); built only when first asked for
+_REAL = {
+    "vllm": ("engines.vllm_engine", "build"),
+    "vllm-rocm": ("engines.vllm_engine", "build_rocm"),
+    "tokenspeed": ("engines.tokenspeed_engine", "build"),
+    "sglang": ("engines.sglang_engine", "build"),
+}
+
+
 def _load_builtin() -> None:
     if "mirror" not in _FACTORIES:
         from engines import mirror
 
         register("mirror", mirror.build)
-    if "vllm" not in _FACTORIES:
-        def vllm() -> Engine:
-            from engines import vllm_engine
+    for name, (module, attr) in _REAL.items():
+        if name not in _FACTORIES:
+            register(name, _lazy(module, attr), default=True)
 
-            return vllm_engine.build()
 
-        register("vllm", vllm, default=True)
+def _lazy(module: str, attr: str) -> Factory:
+    def factory() -> Engine:
+        import importlib
 
-        def vllm_rocm() -> Engine:
-            from engines import vllm_engine
+        return getattr(importlib.import_module(module), attr)()
 
-            return vllm_engine.build_rocm()
-
-        register("vllm-rocm", vllm_rocm, default=True)
-
-        def tokenspeed() -> Engine:
-            from engines import tokenspeed_engine
-
-            return tokenspeed_engine.build()
-
-        register("tokenspeed", tokenspeed, default=True)
-
-        def sglang() -> Engine:
-            from engines import sglang_engine
-
-            return sglang_engine.build()
-
-        register("sglang", sglang, default=True)
+    return factory

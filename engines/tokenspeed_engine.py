@@ -12,6 +12,7 @@ that carry real weights:
   makes FINALIZE_PROJECTION after the stage sums are added in order in float32, the
   only transfer dtype TokenSpeed accepts (`begin_stage` refuses others).
 - `K3DSparkModel.project_target_hidden` is PROJECT_UNSHARDED.
+- `_context_tap_owner_layer` (which stage produces a target tap) is the `tap_owner` contract.
 - `K3DSparkAttention.project_latent_kv` (the KV rows of each draft layer's fused_qkv_a,
   kv_a_layernorm on kv_c) then `apply_latent_rope` (k_pe rotated in place) make
   CONTEXT_KV_UNFUSED: TokenSpeed projects context KV per layer without computing Q.
@@ -109,6 +110,7 @@ def build() -> base.Engine:
     except source.SourceError as e:
         raise EngineUnavailable(f"tokenspeed {PIN.version}: {e}") from e
 
+    owner = source.lift(root / MODEL_PY, "_context_tap_owner_layer", {})
     latent_kv = source.lift(root / MODEL_PY, "K3DSparkAttention.project_latent_kv", {"torch": torch})
     latent_rope = source.lift(root / MODEL_PY, "K3DSparkAttention.apply_latent_rope",
                               {"torch": torch, "apply_k_rope": _apply_k_rope})
@@ -168,11 +170,13 @@ def build() -> base.Engine:
                   base.PROJECT_UNSHARDED: unsharded, base.CONTEXT_KV_UNFUSED: context_kv},
         source_sha256={base.STAGE_PARTIAL: m[MODEL_PY], base.FINALIZE_PROJECTION: m[MODEL_PY],
                        base.PROJECT_UNSHARDED: m[MODEL_PY], base.CONTEXT_KV_UNFUSED: m[MODEL_PY]},
+        extras={"tap_owner": owner},
         missing={
             base.CONTEXT_KV_FUSED: "TokenSpeed 0.1.1 projects context KV per draft layer (bound as the per-layer "
                                    "subject context_kv_unfused); it has no cross-layer fused GEMM",
             base.ATTN_RES: "TokenSpeed 0.1.1's AttnRes kernel is not in the pinned files",
-            base.AUX_CAPTURE: "not bound from TokenSpeed 0.1.1 yet (_context_tap_owner_layer is next)",
+            base.AUX_CAPTURE: "TokenSpeed 0.1.1's tap mixing is not in the pinned files (its stage assignment, "
+                              "_context_tap_owner_layer, is checked as the tap_owner contract)",
             base.DRAFT_CONTEXT_KV: "TokenSpeed 0.1.1's DSpark draft is MLA; the DFlash GQA path is SGLang's",
         },
     )

@@ -190,7 +190,16 @@ def _pairs_by_plain_lookup(src, dst, n_src, n_dst, allow_positional_fallback=Fal
 
 TRANSFER_MUTANTS: dict[str, Callable] = {"transfer_pairs_by_plain_lookup": _pairs_by_plain_lookup}
 
-ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS, *TRANSFER_MUTANTS])
+
+def _tap_owned_by_producing_layer(layer_id, num_layers, stream):
+    if stream not in ("prefix", "attn_res"):
+        raise ValueError(stream)
+    return layer_id  # the AttnRes tap assigned like a prefix tap: its stage lacks the consumer's weights
+
+
+OWNER_MUTANTS: dict[str, Callable] = {"attn_res_tap_owned_by_its_own_layer": _tap_owned_by_producing_layer}
+
+ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS, *TRANSFER_MUTANTS, *OWNER_MUTANTS])
 
 
 def build(name: str) -> base.Engine:
@@ -203,6 +212,8 @@ def build(name: str) -> base.Engine:
         extras["weight_loading"] = loading
     if name in TRANSFER_MUTANTS:
         extras["transfer_pairs"] = TRANSFER_MUTANTS[name]
+    if name in OWNER_MUTANTS:
+        extras["tap_owner"] = OWNER_MUTANTS[name]
     broken = MUTANTS.get(name, {})
     correct = mirror.subjects()
     subjects = {s: correct[s] for group in PATHS if set(group) & set(broken) for s in group}

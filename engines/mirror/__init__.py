@@ -33,7 +33,8 @@ def subjects() -> dict[str, base.Subject]:
 def build() -> base.Engine:
     return base.Engine(name="mirror", version=VERSION, mode="reference", subjects=subjects(),
                        extras={"weight_loading": weight_loading(),
-                               "transfer_pairs": transfer.build_transfer_entry_pairs})
+                               "transfer_pairs": transfer.build_transfer_entry_pairs,
+                               "tap_owner": attn_res.tap_owner_layer})
 
 
 def weight_loading() -> types.SimpleNamespace:

@@ -92,3 +92,14 @@ def mix_read_only(prefix: torch.Tensor, bank: torch.Tensor, nvb: int, norm_weigh
                   proj_weight: torch.Tensor, eps: float) -> torch.Tensor:
     """The pre-norm mixture: the kernel with no delta, no bank write, no output norm."""
     return attn_res(prefix, None, bank, norm_weight, proj_weight, None, nvb, -1, eps, 0.0)
+
+
+def tap_owner_layer(layer_id: int, num_layers: int, stream: str) -> int:
+    """The layer whose PP stage can produce the tap after `layer_id`: a prefix tap is its own layer's;
+    an AttnRes tap needs the consumer's mixing weights (layer i + 1, or the output pair on the last
+    layer's stage)."""
+    if stream == "prefix":
+        return layer_id
+    if stream == "attn_res":
+        return min(layer_id + 1, num_layers - 1)
+    raise ValueError(f"stream: expected 'prefix' or 'attn_res', got {stream!r}")

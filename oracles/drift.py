@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pandas as pd
@@ -24,8 +24,11 @@ COLUMNS = [f.name for f in fields(Record) if f.name != "extra"]
 class DriftCollector:
     def __init__(self) -> None:
         self.records: list[Record] = []
+        self.ledger = ""  # set by the root conftest while a ledger-listed case runs
 
     def add(self, record: Record) -> Record:
+        if self.ledger and not record.ledger:
+            record = replace(record, ledger=self.ledger)
         self.records.append(record)
         return record
 
@@ -46,16 +49,19 @@ class DriftCollector:
         return target
 
     def summary(self) -> pd.DataFrame:
-        """Worst ratio per (engine, subject), with the record count and failures."""
+        """Worst ratio per (engine, subject), with the record count, failures, and failures
+        filed in the known-divergence ledger (counted apart)."""
         df = self.frame()
         if df.empty:
             return df
         judged = df[df["verdict"] != "info"]
         if judged.empty:
             return judged
+        known = judged["ledger"].fillna("") != ""
+        judged = judged.assign(_fail=(judged["verdict"] == FAIL) & ~known, _known=(judged["verdict"] == FAIL) & known)
         g = judged.groupby(["engine", "subject"], sort=True)
-        out = g.agg(records=("ratio", "size"), worst_ratio=("ratio", "max"),
-                    failures=("verdict", lambda v: int((v == FAIL).sum())))
+        out = g.agg(records=("ratio", "size"), worst_ratio=("ratio", "max"), failures=("_fail", "sum"),
+                    known_divergences=("_known", "sum"))
         worst_prop = judged.loc[g["ratio"].idxmax(), ["engine", "subject", "property"]]
         return out.reset_index().merge(worst_prop.rename(columns={"property": "worst_property"}),
                                        on=["engine", "subject"])

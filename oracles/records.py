@@ -44,6 +44,7 @@ class Record:
     ratio: float
     verdict: str
     detail: str = ""
+    ledger: str = ""  # the known-divergence entry (oracles/ledger.py) this case is filed under, if any
     extra: dict[str, object] = field(default_factory=dict)
 
     def row(self) -> dict[str, object]:

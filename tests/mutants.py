@@ -150,6 +150,85 @@ def _draft_kv_norm_across_heads(ctx, k_weight, v_weight, k_norm, positions, rope
     return torch.stack(ks), torch.stack(vs)
 
 
+def _attn_res_one_bank_row_too_many(prefix, delta, blocks, norm, qk, onorm, num_blocks, write_idx, eps, oeps):
+    # off by one in the source count: bank rows [0, num_blocks] mixed, plus the prefix
+    return m_attn.attn_res(prefix, delta, blocks, norm, qk, onorm, min(num_blocks + 1, blocks.shape[1]), write_idx,
+                           eps, oeps)
+
+
+def _attn_res_bank_written_before_delta(prefix, delta, blocks, norm, qk, onorm, num_blocks, write_idx, eps, oeps):
+    if write_idx >= 0:
+        blocks[:, write_idx].copy_(prefix)  # the bank snapshot taken before the delta is added
+    out = m_attn.attn_res(prefix, delta, blocks, norm, qk, onorm, num_blocks, -1, eps, oeps)
+    return out
+
+
+def _capture_pending_as_delta(layer_idx, prefix_sum, pending, bank, *, enabled, weights, block_size, end_layer,
+                              num_layers, is_last_rank, eps, non_final_stage="raise"):
+    if not (enabled and weights is not None):
+        return prefix_sum if pending is None else prefix_sum + pending
+    branch = m_attn.branch_weights(layer_idx, weights, block_size, end_layer, num_layers, is_last_rank)
+    if branch is None:
+        if non_final_stage == "prefix":
+            return prefix_sum + pending if pending is not None else prefix_sum
+        raise m_attn.NonFinalStageTapError("non-final stage")
+    norm_w, proj_w, nbl = branch
+    # pending handed to the kernel as delta: the kernel writes prefix + pending back into the caller's prefix_sum
+    return m_attn.attn_res(prefix_sum, pending, bank, norm_w, proj_w, None, nbl, -1, eps, 0.0)
+
+
+def _capture_branch3_wrong(*, drop_pending: bool) -> Callable:
+    def capture(layer_idx, prefix_sum, pending, bank, *, enabled, weights, block_size, end_layer, num_layers,
+                is_last_rank, eps, non_final_stage="raise"):
+        if enabled and weights is not None and layer_idx + 1 >= end_layer and not is_last_rank:
+            # branch 3: never refuses; the fallback optionally forgets the pending MLP output
+            return prefix_sum.clone() if drop_pending or pending is None else prefix_sum + pending
+        return m_attn.capture_aux_stream(layer_idx, prefix_sum, pending, bank, enabled=enabled, weights=weights,
+                                         block_size=block_size, end_layer=end_layer, num_layers=num_layers,
+                                         is_last_rank=is_last_rank, eps=eps, non_final_stage=non_final_stage)
+
+    return capture
+
+
+def _fused_cache_with(*, write_without_mapping: bool = False, swap_block_offset: bool = False) -> Callable:
+    def fused(x, kv_a, norm, pos, rope, eps, caches=None, slot_mapping=None):
+        kv_c, k_pe = m_ckv.context_kv_fused(x, kv_a, norm, pos, rope, eps)
+        if caches is None:
+            return kv_c, k_pe
+        if slot_mapping is None and write_without_mapping:
+            slot_mapping = torch.arange(x.shape[0])  # "compute only" taken as "write token t to slot t"
+        if slot_mapping is None:
+            return kv_c, k_pe
+        num_layers, num_blocks, bs, _ = caches.shape
+        slots = slot_mapping if slot_mapping.dim() == 2 else slot_mapping.expand(num_layers, -1)
+        entries = torch.cat([kv_c, k_pe], -1).to(caches.dtype)
+        for layer in range(num_layers):
+            for t in range(x.shape[0]):
+                s = int(slots[layer, t])
+                if s < 0 and not write_without_mapping:
+                    continue
+                if s < 0:
+                    s = t  # negative slots written too
+                b, o = (s % num_blocks, s // num_blocks) if swap_block_offset else (s // bs, s % bs)
+                if b < num_blocks and o < bs:
+                    caches[layer, b, o] = entries[layer, t]
+        return kv_c, k_pe
+
+    return fused
+
+
+def _stage_partial_empty_garbage(taps, fc_weight, members):
+    if not members:  # an empty stage sends its (never written) buffer
+        return torch.full((taps.shape[1], fc_weight.shape[0]), 1.0, dtype=taps.dtype)
+    return m_proj.stage_partial(taps, fc_weight, members)
+
+
+def _unsharded_token_major_concat(taps, fc_weight, norm_weight, eps):
+    k, n, h = taps.shape
+    y = taps.reshape(n, k * h) @ fc_weight.T  # [K, N, H] flattened without moving taps next to each other
+    return m_proj.rms_norm(y, norm_weight, eps, taps.dtype)
+
+
 def _mix_without_prefix(prefix, bank, nvb, norm, proj, eps):
     if nvb == 0:
         return prefix.clone()
@@ -161,6 +240,15 @@ def _mix_without_prefix(prefix, bank, nvb, norm, proj, eps):
 
 MUTANTS: dict[str, dict[str, base.Subject]] = {
     "draft_k_norm_across_heads": {base.DRAFT_CONTEXT_KV: _draft_kv_norm_across_heads},
+    "one_bank_row_too_many": {base.ATTN_RES: _attn_res_one_bank_row_too_many},
+    "bank_row_written_before_delta": {base.ATTN_RES: _attn_res_bank_written_before_delta},
+    "pending_passed_as_delta": {base.AUX_CAPTURE: _capture_pending_as_delta},
+    "branch3_never_refuses": {base.AUX_CAPTURE: _capture_branch3_wrong(drop_pending=False)},
+    "branch3_fallback_drops_pending": {base.AUX_CAPTURE: _capture_branch3_wrong(drop_pending=True)},
+    "cache_written_without_slot_mapping": {base.CONTEXT_KV_FUSED: _fused_cache_with(write_without_mapping=True)},
+    "slot_block_and_offset_swapped": {base.CONTEXT_KV_FUSED: _fused_cache_with(swap_block_offset=True)},
+    "empty_stage_sends_garbage": {base.STAGE_PARTIAL: _stage_partial_empty_garbage},
+    "unsharded_taps_concatenated_token_major": {base.PROJECT_UNSHARDED: _unsharded_token_major_concat},
     "mixture_without_the_prefix_source": {base.ATTN_RES_MIX: _mix_without_prefix,
                                           base.ATTN_RES_MIX_TRITON: _mix_without_prefix,
                                           base.ATTN_RES_MIX_EAGER: _mix_without_prefix},
@@ -197,7 +285,21 @@ def _tap_owned_by_producing_layer(layer_id, num_layers, stream):
     return layer_id  # the AttnRes tap assigned like a prefix tap: its stage lacks the consumer's weights
 
 
-OWNER_MUTANTS: dict[str, Callable] = {"attn_res_tap_owned_by_its_own_layer": _tap_owned_by_producing_layer}
+def _prefix_tap_owned_by_consumer(layer_id, num_layers, stream):
+    if stream not in ("prefix", "attn_res"):
+        raise ValueError(stream)
+    return min(layer_id + 1, num_layers - 1)  # both streams assigned to the consumer's stage
+
+
+def _unknown_stream_as_prefix(layer_id, num_layers, stream):
+    return min(layer_id + 1, num_layers - 1) if stream == "attn_res" else layer_id  # no refusal
+
+
+OWNER_MUTANTS: dict[str, Callable] = {
+    "attn_res_tap_owned_by_its_own_layer": _tap_owned_by_producing_layer,
+    "prefix_tap_owned_by_the_consumer": _prefix_tap_owned_by_consumer,
+    "unknown_tap_stream_taken_as_prefix": _unknown_stream_as_prefix,
+}
 
 ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS, *TRANSFER_MUTANTS, *OWNER_MUTANTS])
 

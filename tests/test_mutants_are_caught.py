@@ -62,3 +62,15 @@ def test_correct_mirror_passes_every_property(outcomes: dict[str, dict[str, str]
     skipped = [name for name, status in results.items() if status == "skipped"]
     assert all(name.startswith("test_k3_") for name in skipped), f"unexpected skips: {skipped}"
     assert any(status == "passed" for status in results.values())
+
+
+def test_every_property_is_failed_by_some_mutant(outcomes: dict[str, dict[str, str]]) -> None:
+    """The converse: no property is decoration. Each property the mirror ran (the GPU-only K3-shape
+    ones reuse the same check functions) is failed by at least one mutant."""
+    def base_name(test_id: str) -> str:
+        return test_id.split("[", 1)[0]
+
+    ran = {base_name(n) for n, st in outcomes["mirror"].items() if st == "passed"}
+    caught = {base_name(n) for eng, res in outcomes.items() if eng != "mirror" for n, st in res.items()
+              if st == "failed"}
+    assert not ran - caught, f"properties no mutant fails: {sorted(ran - caught)}"

@@ -11,7 +11,7 @@ Bound so far:
 - `sglang/srt/disaggregation/utils.py::build_transfer_entry_pairs`, lifted (a pure
   function), exposed as the `transfer_pairs` contract.
 - `sglang/kernels/ops/speculative/dspark/fused_kv_write.py::fused_kv_norm_rope_write`
-  (Triton) as DRAFT_CONTEXT_KV, fed by a torch bf16 K/V projection.
+  (Triton) as DRAFT_CONTEXT_KV, fed by `kv_proj_only`.
 Not bound yet, each skipped with this reason: DFlash `project_target_hidden` /
 `kv_proj_only`.
 """
@@ -30,7 +30,8 @@ from engines.registry import EngineUnavailable
 
 PIN = fetch.PINS["sglang"]
 UTILS_PY = "sglang/srt/disaggregation/utils.py"
-NOT_YET = "not bound from SGLang 0.5.23 yet (DFlash project_target_hidden / kv_proj_only are next)"
+NOT_YET = ("not in SGLang 0.5.23's bound files (the PP partial projection is the unmerged PR #33863; "
+           "the MLA context KV is vLLM's and TokenSpeed's)")
 
 
 def build() -> base.Engine:
@@ -52,7 +53,12 @@ def build() -> base.Engine:
         require_interpreter()
     mod = _load_attn_residual(root / ATTN_PY, interpret)
     fkw = _load_plain_triton(root / FKW_PY, interpret, "fused_kv_write")
-    subjects = {base.DRAFT_CONTEXT_KV: _draft_kv_subject(fkw.fused_kv_norm_rope_write),
+    try:
+        unsharded, kv_only = _bind_dflash(root)
+    except source.SourceError as e:
+        raise EngineUnavailable(f"sglang {PIN.version}: {e}") from e
+    subjects = {base.DRAFT_CONTEXT_KV: _draft_kv_subject(fkw.fused_kv_norm_rope_write, kv_only),
+                base.PROJECT_UNSHARDED: unsharded,
                 base.ATTN_RES_MIX: _mix_subject(mod.aggregate_stream, dispatches=True, interpret=interpret),
                 base.ATTN_RES_MIX_TRITON: _mix_subject(mod._mix_fused, triton_only=True, interpret=interpret),
                 base.ATTN_RES_MIX_EAGER: _mix_subject(mod.aggregate_stream_torch)}
@@ -61,7 +67,7 @@ def build() -> base.Engine:
         name="sglang", version=PIN.version, mode="source-interpreter" if interpret else "source-gpu",
         subjects=subjects, real_ops=STANDINS,
         source_sha256={**{s: m[ATTN_PY] for s in subjects}, base.DRAFT_CONTEXT_KV: m[FKW_PY],
-                       "transfer_pairs": m[UTILS_PY]},
+                       base.PROJECT_UNSHARDED: m[DFLASH_PY], "transfer_pairs": m[UTILS_PY]},
         missing={s: NOT_YET for s in base.SUBJECTS if s not in subjects},
         # the eager path rounds the normed rows and the scores to bf16 before its softmax
         extras={"transfer_pairs": pairs, "logit_dtype": {base.ATTN_RES_MIX_EAGER: torch.bfloat16,
@@ -83,11 +89,47 @@ def _load_plain_triton(path: Path, interpret: bool, name: str) -> types.ModuleTy
     return mod
 
 
-def _draft_kv_subject(write: Any) -> Any:
-    """DRAFT_CONTEXT_KV through `fused_kv_norm_rope_write` (Triton): per-head K RMSNorm, the normed K
-    rounded to bf16, RoPE (either pairing, partial rotary), bf16 K and raw V rows written to per-layer
-    pools at their slots; read back from the pools. The K/V projections feeding it are a torch bf16
-    linear (stand-in for DFlash `kv_proj_only`, not bound yet)."""
+DFLASH_PY = "sglang/srt/models/dflash.py"
+
+
+class _FC:
+    """nn.Linear stand-in for DFlash's unquantized `fc` (torch linear in the weight dtype)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight, self.in_features, self.input_size = weight, weight.shape[1], weight.shape[1]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.weight)
+
+
+def _bind_dflash(root: Path) -> tuple[Any, Any]:
+    path = root / DFLASH_PY
+    for qual, want in (("DFlashDraftModel.project_target_hidden", ["self", "target_hidden"]),
+                       ("DFlashAttention.kv_proj_only", ["self", "hidden_states"])):
+        got = source.signature_of(path, qual)
+        if got != want:
+            raise source.SourceError(f"{qual} signature changed: {got}")
+    project = source.lift(path, "DFlashDraftModel.project_target_hidden", {"torch": torch})
+    kv_only = source.lift(path, "DFlashAttention.kv_proj_only", {
+        "torch": torch, "F": torch.nn.functional,
+        # unquantized weights: the fast path that slices the fused QKV weight
+        "can_dflash_slice_qkv_weight": lambda proj: (True, None),
+    })
+
+    def unsharded(taps: torch.Tensor, fc: torch.Tensor, norm: torch.Tensor, eps: float) -> torch.Tensor:
+        k, n, h = taps.shape
+        model = types.SimpleNamespace(fc=_FC(fc), quantizable=False, hidden_norm=_RMSNorm(norm, eps),
+                                      num_context_features=k, config=types.SimpleNamespace(hidden_size=fc.shape[0]))
+        return project(model, taps.permute(1, 0, 2).reshape(n, k * h))
+
+    return unsharded, kv_only
+
+
+def _draft_kv_subject(write: Any, kv_only: Any) -> Any:
+    """DRAFT_CONTEXT_KV through DFlash `DFlashAttention.kv_proj_only` (lifted: the K/V rows sliced out
+    of the fused QKV weight, one GEMM) and `fused_kv_norm_rope_write` (Triton): per-head K RMSNorm,
+    the normed K rounded to bf16, RoPE (either pairing, partial rotary), bf16 K and raw V rows written
+    to per-layer pools at their slots; read back from the pools."""
 
     def draft_kv(ctx: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor, k_norm: torch.Tensor,
                  positions: torch.Tensor, rope: Any, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,8 +137,16 @@ def _draft_kv_subject(write: Any) -> Any:
 
         num_layers, width, _ = k_weight.shape
         d, n = k_norm.shape[1], ctx.shape[0]
-        kv = torch.cat([torch.cat([ctx @ k_weight[layer].T, ctx @ v_weight[layer].T], -1)
-                        for layer in range(num_layers)], -1).contiguous()  # [T, L * 2 * KV]
+        per_layer = []
+        for layer in range(num_layers):
+            q_rows = torch.zeros_like(k_weight[layer])  # Q is sliced away by kv_proj_only, never computed
+            attn = types.SimpleNamespace(
+                qkv_proj=types.SimpleNamespace(weight=torch.cat([q_rows, k_weight[layer], v_weight[layer]]),
+                                               bias=None),
+                q_size=width, kv_size=width, v_scale=None)
+            k, v = kv_only(attn, ctx)
+            per_layer.append(torch.cat([k, v], -1))
+        kv = torch.cat(per_layer, -1).contiguous()  # [T, L * 2 * KV]
         max_pos = int(positions.max()) + 1 if positions.numel() else 1
         cache = rope_cache(rope, max_pos, torch.float32, ctx.device).contiguous()  # [P, ROT] = [cos | sin]
         k_bufs = [torch.zeros(n, width, dtype=torch.bfloat16, device=ctx.device) for _ in range(num_layers)]

@@ -42,6 +42,9 @@ class DriftCollector:
         try:
             with os.fdopen(fd, "w", newline="") as fh:
                 self.frame().to_csv(fh, index=False)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the report from CI artifact readers
             os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -1,0 +1,74 @@
+"""The judging layer itself: metrics on known differences, budgets' closed forms, the CSV writer."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from oracles import budgets
+from oracles.budgets import Budget
+from oracles.drift import COLUMNS, DriftCollector
+from oracles.metrics import compare
+from oracles.records import FAIL, PASS, judge
+
+
+class _Engine:
+    name, version, mode, real_ops, source_sha256 = "toy", "1", "reference", "", {}
+
+
+def test_metrics_of_a_known_difference() -> None:
+    ref = torch.tensor([1.0, -2.0, 4.0, 0.5], dtype=torch.float64)
+    act = ref.clone()
+    act[2] = 4.0 + 2 * 2.0**-5  # two bf16 ulps at 4 (ulp = 2^-5 there)
+    m = compare(act.to(torch.bfloat16), ref)
+    assert m.max_abs == 2 * 2.0**-5 and m.worst[0] == (2,)
+    assert m.max_ulp == 2.0
+    assert math.isclose(m.rel_fro, 2 * 2.0**-5 / float(torch.linalg.vector_norm(ref)))
+    assert m.nonfinite_mismatch == 0 and 0.999 < m.cosine <= 1.0
+
+
+def test_nan_and_inf_disagreement_is_counted_not_hidden() -> None:
+    ref = torch.tensor([1.0, float("nan"), float("inf"), 2.0], dtype=torch.float64)
+    act = torch.tensor([1.0, float("nan"), 3.0, float("nan")], dtype=torch.float64)
+    m = compare(act, ref)
+    assert m.nonfinite_mismatch == 2 and m.max_abs == 0.0
+
+
+def test_budget_closed_forms() -> None:
+    assert budgets.gamma(10, 2.0**-8) == 10 * 2.0**-8 / (1 - 10 * 2.0**-8)
+    assert budgets.gamma(300, 2.0**-8) == math.inf  # n u >= 1: no bound
+    assert budgets.probabilistic(64, 2.0**-24) == 8.0 * 8 * 2.0**-24
+    assert budgets.unit_roundoff(torch.bfloat16, "toward_zero") == 2 * budgets.unit_roundoff(torch.bfloat16)
+    b = budgets.baseline_rule(0.01, 3.0, torch.bfloat16)
+    assert b.value == 2 * 0.01 + 3.0 * 2.0**-8 and b.baseline_err == 0.01
+
+
+def test_verdict_follows_the_budget_and_nan_fails() -> None:
+    ref = torch.ones(3, dtype=torch.float64)
+    ok = judge(property="p", engine=_Engine(), subject="s", actual=ref + 0.1, reference=ref,
+               budget=Budget(0.1000001, "r"), seed=1)
+    bad = judge(property="p", engine=_Engine(), subject="s", actual=ref + 0.1, reference=ref,
+                budget=Budget(0.09, "r"), seed=1)
+    nan = judge(property="p", engine=_Engine(), subject="s", actual=torch.full((3,), float("nan")), reference=ref,
+                budget=Budget(1e9, "r"), seed=1)
+    assert (ok.verdict, bad.verdict, nan.verdict) == (PASS, FAIL, FAIL)
+
+
+def test_drift_csv_has_the_documented_columns_and_is_replaced_atomically(tmp_path: Path) -> None:
+    c = DriftCollector()
+    ref = torch.ones(2, dtype=torch.float64)
+    for seed in range(3):
+        c.add(judge(property="p", engine=_Engine(), subject="s", actual=ref, reference=ref,
+                    budget=Budget(1.0, "r"), seed=seed))
+    out = tmp_path / "sub" / "drift.csv"
+    out.parent.mkdir()
+    out.write_text("stale\n")
+    c.write_csv(out)
+    df = pd.read_csv(out)
+    assert list(df.columns) == COLUMNS and len(df) == 3 and list(df.seed) == [0, 1, 2]
+    assert [p.name for p in out.parent.iterdir()] == ["drift.csv"], "no temporary file left behind"
+    s = c.summary()
+    assert s.loc[0, "records"] == 3 and s.loc[0, "failures"] == 0

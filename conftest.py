@@ -82,9 +82,7 @@ def engine(request: pytest.FixtureRequest):
 @pytest.fixture(autouse=True)
 def _ledger_context(request: pytest.FixtureRequest):
     """Tag the drift records of a ledger-listed case with its entry id."""
-    marker = request.node.get_closest_marker("xfail")
-    entry = marker.kwargs.get("reason", "").split(" ", 1)[0] if marker else ""
-    COLLECTOR.ledger = entry if entry.startswith("K3N-") else ""
+    COLLECTOR.ledger = getattr(request.node, "k3num_ledger", "")
     yield
     COLLECTOR.ledger = ""
 
@@ -120,6 +118,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         entry = ledger.lookup(name, pin.version if pin else "", getattr(item, "originalname", item.name))
         if entry is not None:
             item.add_marker(pytest.mark.xfail(strict=True, reason=f"{entry.id} ({entry.upstream}): {entry.what}"))
+            item.k3num_ledger = entry.id  # type: ignore[attr-defined]  # read by _ledger_context
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device; torch.cuda.is_available() is False here")

@@ -25,7 +25,7 @@ from typing import Any, List, Tuple
 
 import torch
 
-from engines import base, fetch, source
+from engines import base, fetch, source, standins
 from engines.registry import EngineUnavailable
 
 PIN = fetch.PINS["sglang"]
@@ -82,11 +82,7 @@ FKW_PY = "sglang/kernels/ops/speculative/dspark/fused_kv_write.py"
 
 def _load_plain_triton(path: Path, interpret: bool, name: str) -> types.ModuleType:
     """A kernel file whose only imports are torch and triton."""
-    if not interpret:
-        return source.load_module(path, f"k3num_engine.sglang.{name}", {})
-    mod = types.ModuleType(f"k3num_engine.sglang.{name}")
-    exec(compile(path.read_text(), f"<sglang {name}.py (k3num source-interpreter)>", "exec"), mod.__dict__)
-    return mod
+    return source.load_kernel_module(path, f"k3num_engine.sglang.{name}", {}, interpret=interpret)
 
 
 DFLASH_PY = "sglang/srt/models/dflash.py"
@@ -118,7 +114,7 @@ def _bind_dflash(root: Path) -> tuple[Any, Any]:
 
     def unsharded(taps: torch.Tensor, fc: torch.Tensor, norm: torch.Tensor, eps: float) -> torch.Tensor:
         k, n, h = taps.shape
-        model = types.SimpleNamespace(fc=_FC(fc), quantizable=False, hidden_norm=_RMSNorm(norm, eps),
+        model = types.SimpleNamespace(fc=_FC(fc), quantizable=False, hidden_norm=standins.RMSNorm(norm, eps),
                                       num_context_features=k, config=types.SimpleNamespace(hidden_size=fc.shape[0]))
         return project(model, taps.permute(1, 0, 2).reshape(n, k * h))
 
@@ -163,39 +159,16 @@ def _draft_kv_subject(write: Any, kv_only: Any) -> Any:
 STANDINS = "stand-in: sglang RMSNorm layer (fp32 math, one rounding), ReplicatedLinear (torch linear)"
 
 
-class _RMSNorm:
-    def __init__(self, weight: torch.Tensor, eps: float) -> None:
-        self.weight, self.variance_epsilon = weight, eps
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.variance_epsilon)
-                * self.weight.float()).to(x.dtype)
-
-
-class _Linear:
-    def __init__(self, weight: torch.Tensor) -> None:
-        self.weight = weight
-
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return torch.nn.functional.linear(x, self.weight), None
-
-
 def _load_attn_residual(path: Path, interpret: bool) -> types.ModuleType:
     import triton  # noqa: F401  (imported before the stubs go in, so it stays in sys.modules)
     import triton.language  # noqa: F401
 
     stubs = {name: source.stub(name) for name in ("sglang", "sglang.srt", "sglang.srt.layers")}
-    stubs["sglang.srt.layers.layernorm"] = source.stub("sglang.srt.layers.layernorm", RMSNorm=_RMSNorm)
-    stubs["sglang.srt.layers.linear"] = source.stub("sglang.srt.layers.linear", ReplicatedLinear=_Linear)
+    stubs["sglang.srt.layers.layernorm"] = source.stub("sglang.srt.layers.layernorm", RMSNorm=standins.RMSNorm)
+    stubs["sglang.srt.layers.linear"] = source.stub("sglang.srt.layers.linear", ReplicatedLinear=standins.Linear)
     stubs["sglang.srt.utils"] = source.stub("sglang.srt.utils", is_cuda=torch.cuda.is_available,
                                             is_hip=lambda: False, is_npu=lambda: False)
-    if not interpret:
-        return source.load_module(path, "k3num_engine.sglang.attn_residual", stubs)
-    mod = types.ModuleType("k3num_engine.sglang.attn_residual")
-    with source.stubbed(stubs):
-        exec(compile(path.read_text(), "<sglang attn_residual.py (k3num source-interpreter)>", "exec"), mod.__dict__)
-    return mod
+    return source.load_kernel_module(path, "k3num_engine.sglang.attn_residual", stubs, interpret=interpret)
 
 
 INTERPRETER_GAP = ("the Triton interpreter cannot run _combine_kernel's loop `range(0, NVB + 1)` over a runtime "
@@ -211,6 +184,6 @@ def _mix_subject(fn: Any, *, triton_only: bool = False, dispatches: bool = False
         if interpret and triton_path:
             raise NotImplementedError(INTERPRETER_GAP)
         # a fresh proj object per call: get_cw caches norm * proj on it
-        return fn(prefix, bank, nvb, _Linear(proj_weight.unsqueeze(0)), _RMSNorm(norm_weight, eps))
+        return fn(prefix, bank, nvb, standins.Linear(proj_weight.unsqueeze(0)), standins.RMSNorm(norm_weight, eps))
 
     return mix

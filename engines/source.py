@@ -139,3 +139,20 @@ def lift_value(path: Path, qualname: str, namespace: dict[str, Any]) -> Any:
             expr = ast.Expression(body=value)
             return eval(compile(expr, filename=str(path), mode="eval"), {"__builtins__": __builtins__, **namespace})
     raise SourceError(f"{qualname}: assignment not found in {path}")
+
+
+def load_kernel_module(path: Path, module_name: str, stubs: dict[str, types.ModuleType], *,
+                       interpret: bool) -> types.ModuleType:
+    """A Triton kernel file as a module: from the file on a GPU (Triton's JIT reads the source through
+    inspect); under TRITON_INTERPRET=1 exec'd from its text with no source registered, because the
+    interpreter's AST rewrite of a file-backed kernel breaks loops bounded by a constexpr sum
+    (BRIEF §4, quirk b). Tracebacks then lose the kernel's lines; the mode is in every CSV row."""
+    if not interpret:
+        return load_module(path, module_name, stubs)
+    if not path.exists():
+        raise SourceError(f"missing engine source {path} (run `k3num fetch`)")
+    mod = types.ModuleType(module_name)
+    code = compile(path.read_text(), f"<{path.name} (k3num source-interpreter)>", "exec")
+    with stubbed(stubs):
+        exec(code, mod.__dict__)
+    return mod

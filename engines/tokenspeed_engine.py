@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from engines import base, fetch, source
+from engines import base, fetch, source, standins
 from engines.mirror.context_kv import rope_cache
 from engines.registry import EngineUnavailable
 
@@ -40,47 +40,18 @@ STANDIN_OPS = ("stand-in: ReplicatedLinear (torch linear), RMSNorm layer (fp32 m
                "tokenspeed_kernel apply_k_rope (fp32 math, one rounding; fp32 cos/sin cache)")
 
 
-class _Linear:
-    """ReplicatedLinear stand-in: returns (output, bias) like TokenSpeed's linear layers."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        self.weight = weight
-
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return torch.nn.functional.linear(x, self.weight), None
-
-
-class _RMSNorm:
-    def __init__(self, weight: torch.Tensor, eps: float) -> None:
-        self.weight, self.variance_epsilon = weight, eps
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.variance_epsilon) * self.weight.float()
-        return y.to(x.dtype)
-
-
 def _apply_k_rope(positions: torch.Tensor, k: torch.Tensor, head_dim: int, cos_sin_cache: torch.Tensor,
                   is_neox: bool) -> torch.Tensor:
-    """Stand-in for tokenspeed_kernel's apply_k_rope: k [M, 1, R] rotated, fp32 math, one rounding."""
-    d = cos_sin_cache.shape[-1]
-    cos = cos_sin_cache[positions, : d // 2].float()[:, None, :]
-    sin = cos_sin_cache[positions, d // 2 :].float()[:, None, :]
-    kf = k.float()
-    if is_neox:
-        a, b = kf[..., : d // 2], kf[..., d // 2 : d]
-        rot = torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
-    else:
-        a, b = kf[..., 0:d:2], kf[..., 1:d:2]
-        rot = torch.stack([a * cos - b * sin, b * cos + a * sin], -1).flatten(-2)
-    return torch.cat([rot, kf[..., d:]], -1).to(k.dtype)
+    """tokenspeed_kernel's apply_k_rope: k [M, 1, R] rotated into a new tensor."""
+    return standins.rotate_heads(positions, k, cos_sin_cache, is_neox)
 
 
-def _model(taps_hidden: int, fc: torch.Tensor, local: tuple[int, ...], norm: _RMSNorm | None, lifted: dict) -> Any:
+def _model(taps_hidden: int, fc: torch.Tensor, local: tuple[int, ...], norm: standins.RMSNorm | None,
+           lifted: dict) -> Any:
     cols = [fc[:, i * taps_hidden : (i + 1) * taps_hidden] for i in local]  # the loader's PP slice
     m = types.SimpleNamespace(
         local_tap_indices=local, config=types.SimpleNamespace(target_hidden_size=taps_hidden),
-        context_proj=_Linear(torch.cat(cols, dim=1)) if local else None, context_norm=norm, fc_norm=None,
+        context_proj=standins.Linear(torch.cat(cols, dim=1)) if local else None, context_norm=norm, fc_norm=None,
         _fc_norm_weight=None, hidden_size=fc.shape[0],
     )
     m.project_target_tap = lambda idx, h: lifted["tap"](m, idx, h)
@@ -129,7 +100,7 @@ def build() -> base.Engine:
             attn = types.SimpleNamespace(
                 kv_lora_rank=kv_lora, qk_rope_head_dim=r, q_lora_rank=width_all - kv_lora - r,
                 fused_qkv_a_proj_with_mqa=types.SimpleNamespace(weight=fused_w[layer]),
-                kv_a_layernorm=_RMSNorm(norm[layer], eps), rotary_emb=rotary,
+                kv_a_layernorm=standins.RMSNorm(norm[layer], eps), rotary_emb=rotary,
             )
             latent = latent_kv(attn, x)
             outs.append(latent_rope(attn, positions, latent))
@@ -155,12 +126,12 @@ def build() -> base.Engine:
         acc = torch.zeros_like(partials[0], dtype=torch.float32)
         for s in order:
             acc.add_(partials[s])
-        model = _model(1, torch.zeros(norm.shape[0], 0, dtype=norm.dtype), (), _RMSNorm(norm, eps), lifted)
+        model = _model(1, torch.zeros(norm.shape[0], 0, dtype=norm.dtype), (), standins.RMSNorm(norm, eps), lifted)
         return model.finalize_target_projection(acc)
 
     def unsharded(taps: torch.Tensor, fc: torch.Tensor, norm: torch.Tensor, eps: float) -> torch.Tensor:
         k, n, h = taps.shape
-        model = _model(h, fc, tuple(range(k)), _RMSNorm(norm, eps), lifted)
+        model = _model(h, fc, tuple(range(k)), standins.RMSNorm(norm, eps), lifted)
         return lifted["hidden"](model, taps.permute(1, 0, 2).reshape(n, k * h))
 
     m = fetch.manifest("tokenspeed")

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from engines import base, fetch, source
+from engines import base, fetch, source, standins
 from engines.mirror.context_kv import rope_cache
 from engines.registry import EngineUnavailable
 from refmodel.geometry import RopeSpec
@@ -92,13 +92,7 @@ def _load_attn_res(path: Path, interpret: bool) -> Any:
         "vllm.platforms": source.stub("vllm.platforms", current_platform=_Platform()),
         "vllm.triton_utils": source.stub("vllm.triton_utils", tl=tl, triton=triton),
     }
-    if not interpret:
-        return source.load_module(path, "k3num_engine.vllm.attn_res", stubs).attn_res
-    mod = types.ModuleType("k3num_engine.vllm.attn_res")
-    code = compile(path.read_text(), "<vllm attn_res.py (k3num source-interpreter)>", "exec")
-    with source.stubbed(stubs):
-        exec(code, mod.__dict__)
-    return mod.attn_res
+    return source.load_kernel_module(path, "k3num_engine.vllm.attn_res", stubs, interpret=interpret).attn_res
 
 
 def truncate_to_bf16(x: torch.Tensor) -> torch.Tensor:
@@ -107,40 +101,15 @@ def truncate_to_bf16(x: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.float32).to(torch.bfloat16)
 
 
-# --- stand-ins for the compiled ops (documented numerics: fp32 math, one rounding) ---------------
-
-
-def _rms_norm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    xf = x.float()
-    w = weight.float() if weight.dim() == 1 else weight.float()[:, None, :]  # 2-D weight: row l for group l
-    out.copy_((xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps) * w).to(out.dtype))
+# --- stand-ins for the compiled ops (engines.standins: fp32 math, one rounding) -----------------
 
 
 def _rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None, head_size: int,
                       cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+    """vLLM's ops.rotary_embedding: query (and key) [M, 1, R] rotated in place."""
     for t in (query, key):
-        if t is None:
-            continue
-        d = cos_sin_cache.shape[-1]
-        cos = cos_sin_cache[positions, : d // 2].float()[:, None, :]
-        sin = cos_sin_cache[positions, d // 2 :].float()[:, None, :]
-        xf = t.float()
-        rot = xf[..., :d]
-        if is_neox:
-            a, b = rot[..., : d // 2], rot[..., d // 2 :]
-            out = torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
-        else:
-            a, b = rot[..., 0::2], rot[..., 1::2]
-            out = torch.stack([a * cos - b * sin, b * cos + a * sin], -1).flatten(-2)
-        t[..., :d] = out.to(t.dtype)
-
-
-def _write_slots(cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, slots: torch.Tensor) -> None:
-    block_size = cache.shape[1]
-    s = slots.to(torch.int64)
-    keep = s >= 0
-    entry = torch.cat([kv_c, k_pe.reshape(k_pe.shape[0], -1)], -1).to(cache.dtype)
-    cache[s[keep] // block_size, s[keep] % block_size] = entry[keep]
+        if t is not None:
+            t.copy_(standins.rotate_heads(positions, t, cos_sin_cache, is_neox))
 
 
 @dataclass
@@ -193,7 +162,7 @@ def _bind_precompute(root: Path) -> Any:
     captured: dict[str, torch.Tensor] = {}
 
     def rms_norm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-        _rms_norm(out, x, weight, eps)
+        standins.rms_norm_into(out, x, weight, eps)
         captured["kv_c"] = out
 
     def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
@@ -204,7 +173,7 @@ def _bind_precompute(root: Path) -> Any:
 
     def concat_and_cache_mla_grouped(kv_c, k_pe, cache_ptrs, slot_mapping, block_size, s0, s1, scales, dtype):
         for layer, ptr in enumerate(cache_ptrs.tolist()):
-            _write_slots(caches_by_ptr[ptr], kv_c[layer], k_pe[layer], slot_mapping[layer])
+            standins.write_slots(caches_by_ptr[ptr], kv_c[layer], k_pe[layer], slot_mapping[layer])
         captured["path"] = torch.tensor(1)
 
     ops = types.SimpleNamespace(rms_norm=rms_norm, rotary_embedding=rotary_embedding,
@@ -234,7 +203,7 @@ def _bind_precompute(root: Path) -> Any:
             caches_by_ptr[kv_cache.data_ptr()] = kv_cache
 
             def update(kv_c, k_pe, kv_cache, slots, dtype, k_scale):
-                _write_slots(kv_cache, kv_c, k_pe, slots)
+                standins.write_slots(kv_cache, kv_c, k_pe, slots)
 
             attn = types.SimpleNamespace(rotary_emb=rotary, kv_cache_dtype="auto", kv_cache=kv_cache,
                                          impl=types.SimpleNamespace(do_kv_cache_update=update),
@@ -368,12 +337,7 @@ def _load_amd_attn_res(path: Path, interpret: bool) -> Any:
         "vllm.model_executor.layers.quantization.utils")}
     stubs[quant] = source.stub(quant, get_fp8_min_max=lambda *a, **k: (-448.0, 448.0))
     stubs["vllm.triton_utils"] = source.stub("vllm.triton_utils", tl=tl, triton=triton)
-    if not interpret:
-        return source.load_module(path, "k3num_engine.vllm_rocm.attn_res", stubs).attn_res
-    mod = types.ModuleType("k3num_engine.vllm_rocm.attn_res")
-    with source.stubbed(stubs):
-        exec(compile(path.read_text(), "<vllm amd attn_res.py (k3num source-interpreter)>", "exec"), mod.__dict__)
-    return mod.attn_res
+    return source.load_kernel_module(path, "k3num_engine.vllm_rocm.attn_res", stubs, interpret=interpret).attn_res
 
 
 class _SuperToMixin(ast.NodeTransformer):

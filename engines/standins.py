@@ -1,0 +1,54 @@
+"""Stand-ins for engine layers and compiled ops that exist only in an installed engine.
+
+Each follows the op's documented numerics (BRIEF §4): fp32 math on the storage values, one rounding
+back to the storage dtype. They are the mirror's own kernels (engines.mirror), so every adapter's
+stand-ins compute the same thing and are named in the CSV's `real_ops`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engines.mirror import context_kv as mirror_ckv
+from engines.mirror import projection as mirror_proj
+
+
+class RMSNorm:
+    """An RMSNorm layer (`.weight`, `.variance_epsilon`): fp32 math, one rounding to the input dtype."""
+
+    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+        self.weight, self.variance_epsilon = weight, eps
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return mirror_proj.rms_norm(x, self.weight, self.variance_epsilon, x.dtype)
+
+
+class Linear:
+    """An unquantized replicated linear layer returning (output, bias) like the engines' linear layers."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return torch.nn.functional.linear(x, self.weight), None
+
+
+def rms_norm_into(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """vLLM's ops.rms_norm: weight [D], or [L, D] against x [L, N, D] (row l normalises group l)."""
+    if weight.dim() == 2:
+        out.copy_(mirror_ckv.grouped_rms_norm(x, weight, eps))
+    else:
+        out.copy_(mirror_proj.rms_norm(x, weight, eps, out.dtype))
+
+
+def rotate_heads(positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool
+                 ) -> torch.Tensor:
+    """x [M, 1, R] rotated with cache rows [cos | sin] at positions [M] (dims past the cache width pass)."""
+    m, _, r = x.shape
+    style = "neox" if is_neox else "gptj"
+    return mirror_ckv.rotary(x.reshape(m, r), positions, cos_sin_cache, style).view(m, 1, r)
+
+
+def write_slots(cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, slots: torch.Tensor) -> None:
+    """One layer's paged write, in place: cache [NB, BS, W], kv_c [N, kv_lora], k_pe [N, (1,) R]."""
+    mirror_ckv.write_cache(cache[None], kv_c[None], k_pe.reshape(k_pe.shape[0], -1)[None], slots)

@@ -5,6 +5,8 @@ Profiles (pick with --hypothesis-profile NAME; default "dev"):
 - ci: derandomized, no example database, print_blob; the budget CI and the
   mutant self-tests run under (40 examples per property).
 - nightly: >= 10,000 examples per property, for the scheduled GPU job.
+- nightly-1k: nightly with 1,000 examples per property (the GPU target of a recorded run).
+- gpu-smoke: 5 derandomized examples per property: does everything run on this GPU box at all.
 - ci-mutants: ci without the shrink phase, for the mutant self-test.
 All have deadline=None: oracle and kernel timings vary too much for deadlines.
 """
@@ -30,6 +32,8 @@ if not torch.cuda.is_available():
 settings.register_profile("dev", max_examples=50, **_COMMON)
 settings.register_profile("ci", max_examples=40, derandomize=True, database=None, print_blob=True, **_COMMON)
 settings.register_profile("nightly", max_examples=10_000, print_blob=True, **_COMMON)
+settings.register_profile("nightly-1k", parent=settings.get_profile("nightly"), max_examples=1_000)
+settings.register_profile("gpu-smoke", max_examples=5, derandomize=True, database=None, print_blob=True, **_COMMON)
 # the ci example budget without the shrink phase: the mutant self-test only needs to know that a
 # mutant fails, not its minimal counterexample
 settings.register_profile("ci-mutants", parent=settings.get_profile("ci"),
@@ -45,11 +49,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="comma-separated engines to test (default: every engine available)",
     )
     group.addoption(
+        "--device",
+        default=None,
+        metavar="DEV",
+        help="device of the small-shape properties: cpu (default) or cuda[:N]; sets K3NUM_DEVICE "
+        "(the gpu-marked K3-shape properties always run on cuda)",
+    )
+    group.addoption(
         "--drift-csv",
         default=None,
         metavar="PATH",
         help="write every oracle comparison record of the session to PATH (CSV)",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    dev = config.getoption("--device")
+    if dev is None:
+        return
+    try:
+        kind = torch.device(dev).type
+    except RuntimeError as e:
+        raise pytest.UsageError(f"--device: {dev!r} is not a torch device ({e})") from e
+    if kind not in ("cpu", "cuda"):
+        raise pytest.UsageError(f"--device: expected cpu or cuda[:N], got {dev!r}")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError("--device cuda: torch.cuda.is_available() is False on this machine")
+    os.environ["K3NUM_DEVICE"] = dev
 
 
 def _engine_names(config: pytest.Config) -> list[str]:

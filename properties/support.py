@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -14,6 +15,22 @@ from oracles.metrics import describe_mismatch
 from oracles.records import FAIL, Record, failure_message
 
 LOW = torch.bfloat16  # the production storage dtype of every path here
+
+
+def _device() -> str:
+    """The device the small-shape properties put their tensors on: K3NUM_DEVICE (set by the root
+    conftest from --device), default cpu. The K3-shape properties always use cuda."""
+    name = os.environ.get("K3NUM_DEVICE", "cpu")
+    try:
+        kind = torch.device(name).type
+    except RuntimeError as e:
+        raise ValueError(f"K3NUM_DEVICE={name!r} is not a torch device ({e})") from e
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"K3NUM_DEVICE={name!r}: the properties run on cpu or cuda")
+    return name
+
+
+DEVICE = _device()
 
 
 def subject(engine: Engine, name: str) -> Subject:

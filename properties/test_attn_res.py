@@ -13,10 +13,9 @@ from fixtures.builders import AttnResInputs, attn_res_inputs
 from fixtures.strategies import AttnResCase, attn_res_cases
 from oracles import budgets
 from oracles.records import judge
-from properties.support import LOW, assert_bitwise, report, round_storage, subject, up
+from properties.support import DEVICE, LOW, assert_bitwise, report, round_storage, subject, up
 from refmodel import attn_res as ref
 
-DEVICE = "cpu"
 EPS, OUT_EPS = 1e-5, 1e-6
 
 

@@ -12,10 +12,9 @@ from fixtures.strategies import seeds
 from fixtures.tensors import Draw
 from oracles import budgets
 from oracles.records import judge
-from properties.support import LOW, call, report, subject, up
+from properties.support import DEVICE, LOW, call, report, subject, up
 from refmodel import attn_res as ref
 
-DEVICE = "cpu"
 EPS = 1e-5
 SUBJECTS = [base.ATTN_RES_MIX, base.ATTN_RES_MIX_TRITON, base.ATTN_RES_MIX_EAGER]
 
@@ -46,8 +45,14 @@ def mix_budget(engine, name: str, want: torch.Tensor, sources: torch.Tensor, q: 
 @given(tokens=st.integers(1, 4), nvb=st.integers(0, 8), seed=seeds)
 def test_read_only_mixture_within_rounding_budget_of_oracle(engine, name: str, hidden: int, tokens: int, nvb: int,
                                                             seed: int) -> None:
+    check_read_only_mixture(engine, name, tokens, hidden, nvb, seed, DEVICE)
+
+
+def check_read_only_mixture(engine, name: str, tokens: int, hidden: int, nvb: int, seed: int, device: str) -> None:
+    """Mix nvb of 8 bank rows plus the prefix (tokens x hidden, bf16) on `device`; judge against the
+    oracle and require the inputs unchanged."""
     fn = subject(engine, name)
-    d = Draw(seed)
+    d = Draw(seed, device, on_device=torch.device(device).type == "cuda")
     prefix, bank = d.normal((tokens, hidden)).to(LOW), d.normal((tokens, 8, hidden)).to(LOW)
     norm, proj = d.positive((hidden,)).to(LOW), d.normal((hidden,), hidden**-0.5).to(LOW)
     before = (prefix.clone(), bank.clone())

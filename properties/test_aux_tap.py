@@ -13,11 +13,10 @@ from fixtures.strategies import TapCase, tap_cases
 from oracles import budgets
 from oracles.drift import COLLECTOR
 from oracles.records import INFO, judge
-from properties.support import LOW, assert_bitwise, report, subject, up
+from properties.support import DEVICE, LOW, assert_bitwise, report, subject, up
 from properties.test_attn_res import mixture_budget
 from refmodel import attn_res as ref
 
-DEVICE = "cpu"
 EPS = 1e-5
 
 

@@ -11,10 +11,8 @@ from fixtures.builders import context_kv_inputs
 from fixtures.strategies import ContextKVCase, context_kv_cases
 from oracles import budgets
 from oracles.records import judge
-from properties.support import LOW, assert_bitwise, report, subject, up
+from properties.support import DEVICE, LOW, assert_bitwise, report, subject, up
 from refmodel import mla, rope
-
-DEVICE = "cpu"
 
 
 def _oracle(case: ContextKVCase, inp) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,11 +101,11 @@ def test_no_slot_mapping_writes_nothing(engine, case: ContextKVCase) -> None:
     fused = subject(engine, base.CONTEXT_KV_FUSED)
     inp = context_kv_inputs(case, LOW, DEVICE)
     caches = torch.randn(case.num_layers, 3, 4, case.width, generator=torch.Generator().manual_seed(case.seed)
-                         ).to(LOW)
+                         ).to(LOW).to(DEVICE)
     before = caches.clone()
     fused(inp.x, inp.kv_a, inp.norm, inp.positions, case.rope, 1e-5, caches, None)
     assert_bitwise(caches, before, "caches after a call without slot mapping")
-    skipped = torch.full((case.tokens,), -1, dtype=torch.int64)
+    skipped = torch.full((case.tokens,), -1, dtype=torch.int64, device=DEVICE)
     fused(inp.x, inp.kv_a, inp.norm, inp.positions, case.rope, 1e-5, caches, skipped)
     assert_bitwise(caches, before, "caches after a call whose slots are all negative")
 
@@ -118,16 +116,17 @@ def test_cache_slot_lands_at_block_and_offset_and_nothing_else_changes(engine, c
     inp = context_kv_inputs(case, LOW, DEVICE)
     block_size, num_blocks = 4, -(-2 * case.tokens // 4)
     gen = torch.Generator().manual_seed(case.seed)
-    caches = torch.randn(case.num_layers, num_blocks, block_size, case.width, generator=gen).to(LOW)
+    caches = torch.randn(case.num_layers, num_blocks, block_size, case.width, generator=gen).to(LOW).to(DEVICE)
     before = caches.clone()
     per_layer = case.seed % 2 == 1
     rows = case.num_layers if per_layer else 1
     slots = torch.stack([torch.randperm(num_blocks * block_size, generator=gen)[: case.tokens] for _ in range(rows)])
     slots[:, :: 3] = -1  # every third token skipped
+    slots = slots.to(DEVICE)
     mapping = slots if per_layer else slots[0]
     kv_c, k_pe = fused(inp.x, inp.kv_a, inp.norm, inp.positions, case.rope, 1e-5, caches, mapping)
     expected = before.clone()
-    full = slots.expand(case.num_layers, case.tokens)
+    full = slots.cpu().expand(case.num_layers, case.tokens)
     for layer in range(case.num_layers):
         for t in range(case.tokens):
             s = int(full[layer, t])

@@ -9,18 +9,22 @@ from fixtures.builders import draft_kv_inputs
 from fixtures.strategies import DraftKVCase, draft_kv_cases
 from oracles import budgets
 from oracles.records import judge
-from properties.support import LOW, report, subject, up
+from properties.support import DEVICE, LOW, report, subject, up
 from refmodel import partial_projection as ref
 from refmodel import rope
 
-DEVICE = "cpu"
 EPS = 1e-5
 
 
 @given(case=draft_kv_cases())
 def test_draft_context_kv_within_rounding_budget_of_oracle(engine, case: DraftKVCase) -> None:
+    check_draft_kv_within_rounding_budget(engine, case, DEVICE)
+
+
+def check_draft_kv_within_rounding_budget(engine, case: DraftKVCase, device: str) -> None:
+    """Draft context K (norm + rope) and V of every layer against the oracle, each within its budget."""
     draft = subject(engine, base.DRAFT_CONTEXT_KV)
-    inp = draft_kv_inputs(case, LOW, DEVICE)
+    inp = draft_kv_inputs(case, LOW, device)
     k, v = draft(inp.ctx, inp.k_weight, inp.v_weight, inp.k_norm, inp.positions, case.rope, EPS)
     want_k, want_v = ref.draft_context_kv(up(inp.ctx), up(inp.k_weight), up(inp.v_weight), up(inp.k_norm),
                                           inp.positions, case.rope, EPS)

@@ -3,8 +3,10 @@
 Same checks as the small-shape properties (the `check_*` functions), with the
 geometry fixed to K3's (BRIEF §1-3) and hypothesis drawing the seed, the token
 count and the case flags: context KV at hidden 7168 with 5 layers, AttnRes
-with 8 committed blocks (9 sources) at hidden 7168, and the 6-tap partial
-projection at hidden 7168 for every stage partition and order.
+with 8 committed blocks (9 sources) at hidden 7168, the read-only mixture
+(SGLang's aggregate_stream family) over the same bank, the DFlash draft context
+K/V (6 layers, 8 KV heads x 128, full or half rotary, both RoPE styles), and
+the 6-tap partial projection at hidden 7168 for every stage partition and order.
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fixtures.strategies import AttnResCase, ProjectionCase, k3_context_kv_case, seeds
+from fixtures.strategies import AttnResCase, DraftKVCase, ProjectionCase, k3_context_kv_case, seeds
 from properties.test_attn_res import check_attn_res_within_rounding_budget
+from properties.test_attn_res_mix import SUBJECTS as MIX_SUBJECTS
+from properties.test_attn_res_mix import check_read_only_mixture
 from properties.test_context_kv import check_fused_within_budget_of_unfused
+from properties.test_draft_kv import check_draft_kv_within_rounding_budget
 from properties.test_partial_projection import TRANSFER, check_sharded_within_budget_of_unsharded
 from refmodel import geometry
+from refmodel.geometry import RopeSpec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.nightly]
 DEVICE = "cuda"
@@ -37,6 +43,23 @@ def test_k3_attn_res_within_rounding_budget_of_oracle(engine, seed: int, tokens:
     case = AttnResCase(tokens, 7168, 8, num_blocks, -1 if num_blocks == 8 else num_blocks, delta, onorm, seed,
                        1.0, 30.0)
     check_attn_res_within_rounding_budget(engine, case, DEVICE)
+
+
+@pytest.mark.parametrize("name", MIX_SUBJECTS)
+@given(seed=seeds, tokens=TOKENS, nvb=st.integers(0, 8))
+def test_k3_read_only_mixture_within_rounding_budget_of_oracle(engine, name: str, seed: int, tokens: int,
+                                                               nvb: int) -> None:
+    check_read_only_mixture(engine, name, tokens, 7168, nvb, seed, DEVICE)
+
+
+@given(seed=seeds, tokens=TOKENS, rotary=st.sampled_from([128, 64]), style=st.sampled_from(["neox", "gptj"]))
+def test_k3_draft_context_kv_within_rounding_budget_of_oracle(engine, seed: int, tokens: int, rotary: int,
+                                                              style: str) -> None:
+    g = geometry.preset("k3-dflash")
+    assert isinstance(g, geometry.DFlashGeometry)
+    rope = RopeSpec(rotary, g.rope.theta, style, g.rope.yarn)  # type: ignore[arg-type]
+    case = DraftKVCase(g.hidden, g.num_layers, g.num_kv_heads, g.head_dim, rope, tokens, seed)
+    check_draft_kv_within_rounding_budget(engine, case, DEVICE)
 
 
 @pytest.mark.parametrize("transfer", sorted(TRANSFER))

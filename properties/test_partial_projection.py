@@ -12,10 +12,9 @@ from fixtures.builders import ProjectionInputs, projection_inputs
 from fixtures.strategies import ProjectionCase, projection_cases
 from oracles import budgets
 from oracles.records import judge
-from properties.support import LOW, assert_bitwise, call, report, subject, up
+from properties.support import DEVICE, LOW, assert_bitwise, call, report, subject, up
 from refmodel import partial_projection as ref
 
-DEVICE = "cpu"
 EPS = 1e-5
 TRANSFER = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -110,7 +109,8 @@ def test_empty_stages_contribute_nothing(engine, transfer: str, case: Projection
     finalize = subject(engine, base.FINALIZE_PROJECTION)
     inp = projection_inputs(case, LOW, DEVICE)
     empty = partial(inp.taps, inp.fc, [])
-    assert_bitwise(empty, torch.zeros(case.tokens, case.hidden_out, dtype=empty.dtype), "an empty stage's partial")
+    zeros = torch.zeros(case.tokens, case.hidden_out, dtype=empty.dtype, device=empty.device)
+    assert_bitwise(empty, zeros, "an empty stage's partial")
     nonempty = [list(m) for m in case.stages if m] or [[]]
     plain = call(engine, finalize, [partial(inp.taps, inp.fc, m) for m in nonempty], inp.norm, EPS,
                  TRANSFER[transfer], list(range(len(nonempty))))

@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
-# The nightly GPU job: the `gpu`-marked properties (full K3 shapes) under a hypothesis
-# profile (default nightly), writing the drift CSV and a summary table.
+# The nightly GPU job: the whole property suite on the GPU (small shapes with --device cuda,
+# and the gpu-marked properties at full K3 shapes) under a hypothesis profile, one pytest
+# process per engine running side by side, then one drift CSV and a summary table.
+#
 # Usage: scripts/gpu_nightly.sh [OUT_DIR] [extra pytest args]
-# Runs with the python on PATH (a GPU box has torch with CUDA; no venv is created).
+# Environment:
+#   K3NUM_PROFILE  hypothesis profile (default nightly; gpu-smoke, nightly-1k, ... see conftest.py)
+#   K3NUM_ENGINES  space-separated engines, one process each (default: every default engine)
+#   K3NUM_SUITE    what to run: "properties" (default), or a path/-m expression passed to pytest,
+#                  e.g. "properties -m gpu" for the K3-shape properties alone
+# Runs with the python on PATH (a GPU box has torch with CUDA; no venv is created). Exits
+# non-zero when any engine's run failed; every engine's log stays in OUT_DIR.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${1:-$root/out/nightly}
@@ -11,20 +19,42 @@ mkdir -p "$out"
 cd "$root"
 python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device: the nightly GPU job needs one')"
 profile=${K3NUM_PROFILE:-nightly}
-set +e
-python -m pytest properties -m gpu --hypothesis-profile="$profile" -p no:cacheprovider \
-    --drift-csv "$out/drift.csv" --junitxml "$out/junit.xml" "$@" 2>&1 | tee "$out/pytest.log"
-status=${PIPESTATUS[0]}
-set -e
-python - "$out/drift.csv" > "$out/summary.md" <<'PY'
+engines=${K3NUM_ENGINES:-$(python -c "from engines import registry; print(' '.join(registry.defaults()))")}
+read -r -a suite <<< "${K3NUM_SUITE:-properties}"
+echo "gpu_nightly: profile=$profile engines=[$engines] suite=[${suite[*]}] -> $out"
+start=$SECONDS
+declare -A pids
+for e in $engines; do
+    python -m pytest "${suite[@]}" --engine "$e" --device cuda --hypothesis-profile="$profile" \
+        -p no:cacheprovider -o junit_suite_name="k3num-$e" --durations=15 \
+        --drift-csv "$out/drift-$e.csv" --junitxml "$out/junit-$e.xml" "$@" > "$out/pytest-$e.log" 2>&1 &
+    pids[$e]=$!
+done
+status=0
+for e in $engines; do
+    if wait "${pids[$e]}"; then rc=0; else rc=$?; fi
+    echo "gpu_nightly: engine $e finished with exit $rc after $((SECONDS - start)) s: $(tail -n 1 "$out/pytest-$e.log")"
+    # pytest exit 5 (nothing collected) is a failure here too: a nightly that ran nothing must not pass
+    [ "$rc" -eq 0 ] || status=1
+done
+python - "$out" $engines > "$out/summary.md" <<'PY'
 import sys
+from pathlib import Path
+
 import pandas as pd
-df = pd.read_csv(sys.argv[1])
+
+out, engines = Path(sys.argv[1]), sys.argv[2:]
+frames = [pd.read_csv(out / f"drift-{e}.csv") for e in engines if (out / f"drift-{e}.csv").exists()]
+if not frames:
+    sys.exit("gpu_nightly: no engine wrote a drift CSV")
+df = pd.concat(frames, ignore_index=True)
+df.to_csv(out / "drift.csv", index=False)
 judged = df[df.verdict != "info"]
-g = judged.groupby(["engine", "mode", "subject", "property"])
+g = judged.groupby(["engine", "mode", "device", "subject", "property"])
 t = g.agg(records=("ratio", "size"), worst_ratio=("ratio", "max"), median_rel_fro=("rel_fro", "median"),
           failures=("verdict", lambda v: int((v == "fail").sum()))).reset_index()
 print(t.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 PY
 cat "$out/summary.md"
+echo "gpu_nightly: done in $((SECONDS - start)) s, exit $status"
 exit "$status"

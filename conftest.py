@@ -52,8 +52,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--device",
         default=None,
         metavar="DEV",
-        help="device of the small-shape properties: cpu (default) or cuda[:N]; sets K3NUM_DEVICE "
-        "(the gpu-marked K3-shape properties always run on cuda)",
+        help="device of the small-shape properties: cuda[:N] where CUDA is available (the default there), "
+        "else cpu (the default); sets K3NUM_DEVICE (the gpu-marked K3-shape properties always run on cuda)",
     )
     group.addoption(
         "--drift-csv",
@@ -75,6 +75,9 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"--device: expected cpu or cuda[:N], got {dev!r}")
     if kind == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError("--device cuda: torch.cuda.is_available() is False on this machine")
+    if kind == "cpu" and torch.cuda.is_available():
+        raise pytest.UsageError("--device cpu on a CUDA machine: the engines' Triton kernels run natively here "
+                                "and need CUDA tensors (the interpreter is chosen only where CUDA is absent)")
     os.environ["K3NUM_DEVICE"] = dev
 
 
@@ -113,6 +116,16 @@ def _ledger_context(request: pytest.FixtureRequest):
     COLLECTOR.ledger = ""
 
 
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Rewrite the drift CSV after every test that added records, so a run cut short (a job's time
+    limit, SIGINT) keeps what it measured; the session end writes it once more."""
+    path = item.config.getoption("--drift-csv")
+    written = getattr(item.config, "_k3num_written", 0)
+    if path and len(COLLECTOR.records) != written:
+        COLLECTOR.write_csv(path)
+        item.config._k3num_written = len(COLLECTOR.records)  # type: ignore[attr-defined]
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     path = session.config.getoption("--drift-csv")
     if path:
@@ -135,13 +148,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from engines.fetch import PINS
 
+    # the mode the real engines' Triton kernels run in on this machine (engines/*_engine.py build())
+    mode = "source-gpu" if torch.cuda.is_available() else "source-interpreter"
     for item in items:  # known divergences: strict xfail, so an upstream fix turns the case red
         callspec = getattr(item, "callspec", None)
         name = callspec.params.get("engine") if callspec else None
         if name is None:
             continue
         pin = PINS.get(name.split("-")[0])
-        entry = ledger.lookup(name, pin.version if pin else "", getattr(item, "originalname", item.name))
+        entry = ledger.lookup(name, pin.version if pin else "", getattr(item, "originalname", item.name), mode)
         if entry is not None:
             item.add_marker(pytest.mark.xfail(strict=True, reason=f"{entry.id} ({entry.upstream}): {entry.what}"))
             item.k3num_ledger = entry.id  # type: ignore[attr-defined]  # read by _ledger_context

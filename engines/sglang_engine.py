@@ -69,10 +69,10 @@ def build() -> base.Engine:
         source_sha256={**{s: m[ATTN_PY] for s in subjects}, base.DRAFT_CONTEXT_KV: m[FKW_PY],
                        base.PROJECT_UNSHARDED: m[DFLASH_PY], "transfer_pairs": m[UTILS_PY]},
         missing={s: NOT_YET for s in base.SUBJECTS if s not in subjects},
+        # the raw write kernel is for bench/engine_kernels.py (its bandwidth without the K/V GEMMs);
         # the eager path rounds the normed rows and the scores to bf16 before its softmax
-        # the raw write kernel, for bench/engine_kernels.py (its bandwidth without the K/V GEMMs)
-        extras={"transfer_pairs": pairs, "fused_kv_norm_rope_write": fkw.fused_kv_norm_rope_write, "logit_dtype": {base.ATTN_RES_MIX_EAGER: torch.bfloat16,
-                                                         base.ATTN_RES_MIX: torch.bfloat16}},
+        extras={"transfer_pairs": pairs, "fused_kv_norm_rope_write": fkw.fused_kv_norm_rope_write,
+                "logit_dtype": {base.ATTN_RES_MIX_EAGER: torch.bfloat16, base.ATTN_RES_MIX: torch.bfloat16}},
         storage_rounding=None, rounding="toward_zero" if interpret else "nearest",
     )
 

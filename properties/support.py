@@ -19,8 +19,9 @@ LOW = torch.bfloat16  # the production storage dtype of every path here
 
 def _device() -> str:
     """The device the small-shape properties put their tensors on: K3NUM_DEVICE (set by the root
-    conftest from --device), default cpu. The K3-shape properties always use cuda."""
-    name = os.environ.get("K3NUM_DEVICE", "cpu")
+    conftest from --device), default cuda where CUDA is available (the engines' Triton kernels then
+    run natively and need CUDA tensors), else cpu. The K3-shape properties always use cuda."""
+    name = os.environ.get("K3NUM_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         kind = torch.device(name).type
     except RuntimeError as e:

@@ -40,10 +40,26 @@ def mixture_budget(out_ref: torch.Tensor, sources: torch.Tensor, q: torch.Tensor
 
 @given(case=attn_res_cases())
 def test_attn_res_within_rounding_budget_of_oracle(engine, case: AttnResCase) -> None:
+    """The calls the model makes: no bank write, or a write at or past num_blocks (the decoder layer
+    writes the completed block at index num_blocks), so the written row is not a source."""
+    if 0 <= case.block_write_idx < case.num_blocks:
+        case = dataclasses.replace(case, block_write_idx=case.num_blocks if case.num_blocks < case.bank else -1)
     check_attn_res_within_rounding_budget(engine, case, DEVICE)
 
 
-def check_attn_res_within_rounding_budget(engine, case: AttnResCase, device: str) -> None:
+@given(case=attn_res_cases())
+def test_a_block_written_in_the_call_is_mixed_with_its_written_value(engine, case: AttnResCase) -> None:
+    """A write inside the mixed range [0, num_blocks): the kernel's signature allows it (the model
+    never makes it); the oracle's order is write, then mix, so the mixture reads the (updated) prefix
+    from that row. Same budget as the accuracy property."""
+    nb = max(case.num_blocks, 1)
+    case = dataclasses.replace(case, num_blocks=nb, block_write_idx=case.seed % nb)
+    check_attn_res_within_rounding_budget(engine, case, DEVICE, prop="written_block_mixed_with_written_value")
+
+
+def check_attn_res_within_rounding_budget(engine, case: AttnResCase, device: str,
+                                          prop: str = "attn_res_within_rounding_budget") -> None:
+    """One attn_res call on `case` judged against the oracle (write, then mix) under mixture_budget."""
     inp = attn_res_inputs(case, LOW, device)
     # the oracle mixes the prefix the subject stores: fp32(prefix) + fp32(delta) rounded to storage
     # with the engine platform's rounding (the same bits the write-back property checks exactly)
@@ -57,7 +73,7 @@ def check_attn_res_within_rounding_budget(engine, case: AttnResCase, device: str
     if case.with_output_norm:
         # the output norm's own rms (1) on the fp32 mixture: one more rounding-size term
         budget = dataclasses.replace(budget, value=budget.value + budgets.unit_roundoff(LOW) * budget.value)
-    report(judge(property="attn_res_within_rounding_budget", engine=engine, subject=base.ATTN_RES, actual=out,
+    report(judge(property=prop, engine=engine, subject=base.ATTN_RES, actual=out,
                  reference=want, budget=budget, seed=case.seed, reduction_len=case.hidden * (case.num_blocks + 1),
                  detail=f"nb={case.num_blocks};write={case.block_write_idx};delta={case.with_delta};"
                         f"onorm={case.with_output_norm}"))

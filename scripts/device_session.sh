@@ -10,7 +10,8 @@
 # Usage: scripts/device_session.sh OUT [PROFILE] [SUITE] [BENCH_REPS]
 #   PROFILE  hypothesis profile of the property run (default nightly-1k)
 #   SUITE    what pytest runs (default "properties": the small shapes on cuda + the K3-shape ones)
-#   Engines: K3NUM_ENGINES (default vllm vllm-rocm sglang tokenspeed: the mirror ran in earlier nightlies)
+#   Engines: K3NUM_ENGINES (default vllm vllm-rocm sglang tokenspeed: the mirror ran in earlier nightlies);
+#   K3NUM_ENGINE_TIMEOUT (seconds) interrupts an engine's run that would outlast the session's slot
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${1:?usage: scripts/device_session.sh OUT [PROFILE] [SUITE] [BENCH_REPS]}
@@ -34,6 +35,8 @@ done
 echo "== engine kernel bandwidth (reps $reps)"
 python bench/engine_kernels.py --reps "$reps" --csv "$out/engine_kernels.csv" | tee "$out/engine_kernels.md"
 bench=${PIPESTATUS[0]}
+echo "== K3N-004/005 reproducer (attn_res write race)"
+python scripts/repro_attn_res_write_race.py --calls 200 --csv "$out/attn_res_write_race.csv" | tee "$out/attn_res_write_race.md"
 echo "== property suite: profile $profile, suite [$suite], engines [$K3NUM_ENGINES]"
 K3NUM_PROFILE=$profile K3NUM_SUITE=$suite bash scripts/gpu_nightly.sh "$out/nightly"
 props=$?

@@ -7,6 +7,8 @@
 # Environment:
 #   K3NUM_PROFILE  hypothesis profile (default nightly; gpu-smoke, nightly-1k, ... see conftest.py)
 #   K3NUM_ENGINES  space-separated engines, one process each (default: every default engine)
+#   K3NUM_ENGINE_TIMEOUT  seconds after which an engine's run is interrupted (SIGINT: pytest stops,
+#                  writes its CSV and junit, and exits non-zero); default none
 #   K3NUM_SUITE    what to run: "properties" (default), or a path/-m expression passed to pytest,
 #                  e.g. "properties -m gpu" for the K3-shape properties alone
 # Runs with the python on PATH (a GPU box has torch with CUDA; no venv is created). Exits
@@ -21,11 +23,12 @@ python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no C
 profile=${K3NUM_PROFILE:-nightly}
 engines=${K3NUM_ENGINES:-$(python -c "from engines import registry; print(' '.join(registry.defaults()))")}
 read -r -a suite <<< "${K3NUM_SUITE:-properties}"
+limit=${K3NUM_ENGINE_TIMEOUT:-}
 echo "gpu_nightly: profile=$profile engines=[$engines] suite=[${suite[*]}] -> $out"
 start=$SECONDS
 declare -A pids
 for e in $engines; do
-    python -m pytest "${suite[@]}" --engine "$e" --device cuda --hypothesis-profile="$profile" \
+    ${limit:+timeout -s INT -k 30 "$limit"} python -m pytest "${suite[@]}" --engine "$e" --device cuda --hypothesis-profile="$profile" \
         -p no:cacheprovider -o junit_suite_name="k3num-$e" --durations=15 \
         --drift-csv "$out/drift-$e.csv" --junitxml "$out/junit-$e.xml" "$@" > "$out/pytest-$e.log" 2>&1 &
     pids[$e]=$!
@@ -33,6 +36,7 @@ done
 status=0
 for e in $engines; do
     if wait "${pids[$e]}"; then rc=0; else rc=$?; fi
+    [ "$rc" -eq 124 ] && echo "gpu_nightly: engine $e was interrupted at its ${limit} s limit (its CSV holds the tests it finished)"
     echo "gpu_nightly: engine $e finished with exit $rc after $((SECONDS - start)) s: $(tail -n 1 "$out/pytest-$e.log")"
     # pytest exit 5 (nothing collected) is a failure here too: a nightly that ran nothing must not pass
     [ "$rc" -eq 0 ] || status=1

@@ -141,7 +141,13 @@ def build() -> base.Engine:
                   base.PROJECT_UNSHARDED: unsharded, base.CONTEXT_KV_UNFUSED: context_kv},
         source_sha256={base.STAGE_PARTIAL: m[MODEL_PY], base.FINALIZE_PROJECTION: m[MODEL_PY],
                        base.PROJECT_UNSHARDED: m[MODEL_PY], base.CONTEXT_KV_UNFUSED: m[MODEL_PY]},
-        extras={"tap_owner": owner},
+        # the roundings inside the sharded path that the property's budget must count (model.py):
+        # project_target_tap returns linear(hidden, weight) in the weight dtype, one bf16 rounding per
+        # tap, summed into the fp32 stage accumulator; finalize_target_projection casts the fp32 sum to
+        # the norm weight's dtype before the norm, one more rounding of the pre-norm sum
+        extras={"tap_owner": owner,
+                "projection_roundings": {"tap": torch.bfloat16, "tap_accumulate": torch.float32,
+                                         "pre_norm": torch.bfloat16}},
         missing={
             base.CONTEXT_KV_FUSED: "TokenSpeed 0.1.1 projects context KV per draft layer (bound as the per-layer "
                                    "subject context_kv_unfused); it has no cross-layer fused GEMM",

@@ -1,45 +1,57 @@
 #!/usr/bin/env bash
 # One batched GPU session on a box without network (the team's `device` machine, or any CUDA host
 # that has torch, triton, pytest, hypothesis and pandas but no engine wheels): the engines' kernel
-# bandwidth table, then the property suite on the GPU against the real engines, all written to OUT.
+# bandwidth table, the K3N-004/005 race reproducer, then the property suite on the GPU against the
+# real engines (the K3-shape properties and the small-shape ones side by side), all written to OUT.
 #
 # Before (on a machine with network), put the extracted engine sources inside the repo:
 #     K3NUM_ENGINE_CACHE=$PWD/engine-cache k3num fetch
-#   and carry engine-cache/vllm-0.33.0, engine-cache/sglang-0.5.23, engine-cache/tokenspeed-0.1.1
-#   (about 0.5 MB; the wheels/ folder is not needed once extracted).
-# Usage: scripts/device_session.sh OUT [PROFILE] [SUITE] [BENCH_REPS]
-#   PROFILE  hypothesis profile of the property run (default nightly-1k)
-#   SUITE    what pytest runs (default "properties": the small shapes on cuda + the K3-shape ones)
-#   Engines: K3NUM_ENGINES (default vllm vllm-rocm sglang tokenspeed: the mirror ran in earlier nightlies);
-#   K3NUM_ENGINE_TIMEOUT (seconds) interrupts an engine's run that would outlast the session's slot
+#   and carry engine-cache/ without its wheels/ folder (about 0.5 MB).
+# Usage: scripts/device_session.sh OUT
+# Environment (defaults are what the recorded run in docs/gpu-run.md used):
+#   K3NUM_K3_PROFILE     profile of the K3-shape properties (nightly-1k: 1,000 examples each)
+#   K3NUM_K3_JOBS        their jobs (gpu_nightly.sh K3NUM_ENGINES syntax), split so that each fits
+#   K3NUM_SMALL_PROFILE  profile of the small-shape properties on cuda (ci: 40 examples each)
+#   K3NUM_SMALL_JOBS     their jobs (default: vllm vllm-rocm sglang tokenspeed)
+#   K3NUM_ENGINE_TIMEOUT seconds after which a job is interrupted (default 480)
+#   K3NUM_BENCH_REPS     repetitions of each kernel timing (default 20)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-out=${1:?usage: scripts/device_session.sh OUT [PROFILE] [SUITE] [BENCH_REPS]}
-profile=${2:-nightly-1k}
-suite=${3:-properties}
-reps=${4:-20}
+out=${1:?usage: scripts/device_session.sh OUT}
 mkdir -p "$out"
 cd "$root"
 export K3NUM_ENGINE_CACHE=${K3NUM_ENGINE_CACHE:-$root/engine-cache} PYTHONUNBUFFERED=1
-export K3NUM_ENGINES=${K3NUM_ENGINES:-vllm vllm-rocm sglang tokenspeed}
+export K3NUM_ENGINE_TIMEOUT=${K3NUM_ENGINE_TIMEOUT:-480}
+k3_profile=${K3NUM_K3_PROFILE:-nightly-1k}
+k3_jobs=${K3NUM_K3_JOBS:-vllm@k3_attn_res vllm@k3_fused vllm-rocm sglang@mix_triton sglang@mix_eager \
+sglang@k3_read_only+and+not+triton+and+not+eager sglang@draft tokenspeed}
+small_profile=${K3NUM_SMALL_PROFILE:-ci}
+small_jobs=${K3NUM_SMALL_JOBS:-vllm vllm-rocm sglang tokenspeed}
 {
     date -u +"%F %T UTC"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     python -c "import torch, triton, hypothesis; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'triton', triton.__version__, 'hypothesis', hypothesis.__version__)"
-    git rev-parse HEAD 2>/dev/null || echo "(no git)"
 } | tee "$out/env.txt"
 for e in vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
-echo "== engine kernel bandwidth (reps $reps)"
-python bench/engine_kernels.py --reps "$reps" --csv "$out/engine_kernels.csv" | tee "$out/engine_kernels.md"
+echo "== engine kernel bandwidth"
+python bench/engine_kernels.py --reps "${K3NUM_BENCH_REPS:-20}" --csv "$out/engine_kernels.csv" | tee "$out/engine_kernels.md"
 bench=${PIPESTATUS[0]}
 echo "== K3N-004/005 reproducer (attn_res write race)"
 python scripts/repro_attn_res_write_race.py --calls 200 --csv "$out/attn_res_write_race.csv" | tee "$out/attn_res_write_race.md"
-echo "== property suite: profile $profile, suite [$suite], engines [$K3NUM_ENGINES]"
-K3NUM_PROFILE=$profile K3NUM_SUITE=$suite bash scripts/gpu_nightly.sh "$out/nightly"
-props=$?
-tar czf "$out/nightly.tgz" -C "$out" nightly
-echo "device_session: bench exit $bench, properties exit $props"
-[ "$bench" -eq 0 ] && [ "$props" -eq 0 ]
+race=${PIPESTATUS[0]}
+echo "== properties: K3 shapes [$k3_profile: $k3_jobs] and small shapes [$small_profile: $small_jobs], side by side"
+K3NUM_PROFILE=$k3_profile K3NUM_SUITE="properties -m gpu" K3NUM_ENGINES=$k3_jobs \
+    bash scripts/gpu_nightly.sh "$out/k3" > "$out/k3.log" 2>&1 &
+k3_pid=$!
+K3NUM_PROFILE=$small_profile K3NUM_SUITE="properties --ignore=properties/test_k3_shapes.py" K3NUM_ENGINES=$small_jobs \
+    bash scripts/gpu_nightly.sh "$out/small" > "$out/small.log" 2>&1 &
+small_pid=$!
+wait $k3_pid; k3=$?
+wait $small_pid; small=$?
+cat "$out/k3.log" "$out/small.log"
+tar czf "$out/properties.tgz" -C "$out" k3 small
+echo "device_session: bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
+[ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]

@@ -6,7 +6,10 @@
 # Usage: scripts/gpu_nightly.sh [OUT_DIR] [extra pytest args]
 # Environment:
 #   K3NUM_PROFILE  hypothesis profile (default nightly; gpu-smoke, nightly-1k, ... see conftest.py)
-#   K3NUM_ENGINES  space-separated engines, one process each (default: every default engine)
+#   K3NUM_ENGINES  space-separated jobs, one process each (default: every default engine). A job is
+#                  an engine name, or ENGINE@KEXPR to run only the tests matching pytest's -k KEXPR
+#                  (split a slow engine across processes: "sglang@mix_triton sglang@draft"; write a
+#                  space in KEXPR as +: "sglang@mix+and+not+eager")
 #   K3NUM_ENGINE_TIMEOUT  seconds after which an engine's run is interrupted (SIGINT: pytest stops,
 #                  writes its CSV and junit, and exits non-zero); default none
 #   K3NUM_SUITE    what to run: "properties" (default), or a path/-m expression passed to pytest,
@@ -28,9 +31,14 @@ echo "gpu_nightly: profile=$profile engines=[$engines] suite=[${suite[*]}] -> $o
 start=$SECONDS
 declare -A pids
 for e in $engines; do
-    ${limit:+timeout -s INT -k 30 "$limit"} python -m pytest "${suite[@]}" --engine "$e" --device cuda --hypothesis-profile="$profile" \
-        -p no:cacheprovider -o junit_suite_name="k3num-$e" --durations=15 \
-        --drift-csv "$out/drift-$e.csv" --junitxml "$out/junit-$e.xml" "$@" > "$out/pytest-$e.log" 2>&1 &
+    engine=${e%%@*}
+    select=()
+    kexpr=${e#*@}
+    [ "$engine" != "$e" ] && select=(-k "${kexpr//+/ }")
+    ${limit:+timeout -s INT -k 30 "$limit"} python -m pytest "${suite[@]}" "${select[@]}" --engine "$engine" \
+        --device cuda --hypothesis-profile="$profile" -p no:cacheprovider -o junit_suite_name="k3num-$e" \
+        --durations=15 --drift-csv "$out/drift-$e.csv" --junitxml "$out/junit-$e.xml" "$@" \
+        > "$out/pytest-$e.log" 2>&1 &
     pids[$e]=$!
 done
 status=0

@@ -60,9 +60,10 @@ LEDGER: tuple[Divergence, ...] = (
         what="nvidia/ops/attn_res.py _attn_res_kernel stores the prefix into bank row block_write_idx and then "
              "loads the sources with another thread layout; the tl.debug_barrier() between them is only "
              "emitted when HAS_DELTA, so without a delta a write inside [0, num_blocks) races with the loads "
-             "(BLOCK_L=4: num_blocks >= 2 and fewer than 256 tokens) and the mixture sometimes uses the old row. "
-             "The same input passes on a re-run (hypothesis: FlakyFailure). KimiK3DecoderLayer always writes at "
-             "num_blocks, so the model's own calls are not affected",
+             "and the mixture sometimes uses the old row. Seen at small hidden sizes (hidden 32, 1 token, "
+             "num_blocks 2: 7 of 200 calls over budget, 2 distinct outputs for one input); not seen in 200 calls "
+             "at hidden 7168. The same input passes on a re-run (hypothesis: FlakyFailure). KimiK3DecoderLayer "
+             "always writes at num_blocks, so the model's own calls are not affected",
         reproducer="AttnResCase(tokens=1, hidden=32, bank=2, num_blocks=2, block_write_idx=0, with_delta=False, "
                    "with_output_norm=False, seed=0, scale=0.01, outliers=30.0): ratio 139.7 on the first call, "
                    "within budget on the re-run (H200, triton 3.6.0); scripts/repro_attn_res_write_race.py counts it",
@@ -74,7 +75,8 @@ LEDGER: tuple[Divergence, ...] = (
         test="test_a_block_written_in_the_call_is_mixed_with_its_written_value",
         what="same race as K3N-004 in amd/ops/attn_res.py (the ROCm Triton kernel, run on the H200)",
         reproducer="AttnResCase(tokens=1, hidden=32, bank=2, num_blocks=2, block_write_idx=0, with_delta=False, "
-                   "with_output_norm=False, seed=..., ...): ratios 5.5-232 in 7 of 9 such cases on the H200",
+                   "with_output_norm=False, seed=7, scale=1.0, outliers=30.0): 64 of 200 calls over budget (worst "
+                   "ratio 86), 3 distinct outputs (scripts/repro_attn_res_write_race.py, H200)",
         upstream="none found (not reported yet)",
         modes=("source-gpu",),
     ),

@@ -43,36 +43,41 @@ def ulp_of(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def compare(actual: torch.Tensor, reference: torch.Tensor, *, dtype: torch.dtype | None = None) -> Metrics:
-    """Metrics of `actual` (any float dtype) against `reference` (float64), same shape."""
+    """Metrics of `actual` (any float dtype) against `reference` (float64), same shape.
+
+    Computed on the reference's device (a K3-shape comparison is 10^7 elements: on the GPU it
+    stays there), with the scalars brought to the host in one transfer."""
     if actual.shape != reference.shape:
         raise ValueError(f"actual: expected shape {list(reference.shape)}, got {list(actual.shape)}")
     out_dtype = dtype or actual.dtype
-    a = actual.detach().to(torch.float64).cpu()
-    r = reference.detach().to(torch.float64).cpu()
+    r = reference.detach().to(torch.float64)
+    a = actual.detach().to(device=r.device, dtype=torch.float64)
     fa, fr = torch.isfinite(a), torch.isfinite(r)
     both = fa & fr
     same_nonfinite = (~fa & ~fr) & ((a == r) | (torch.isnan(a) & torch.isnan(r)))
-    nonfinite_mismatch = int((~both & ~same_nonfinite).sum())
     diff = torch.where(both, (a - r).abs(), torch.zeros_like(a))
     rz = torch.where(both, r, torch.zeros_like(r))
     az = torch.where(both, a, torch.zeros_like(a))
-    max_abs = float(diff.max()) if diff.numel() else 0.0
-    ref_max = float(rz.abs().max()) if rz.numel() else 0.0
-    rnorm = float(torch.linalg.vector_norm(rz))
-    dnorm = float(torch.linalg.vector_norm(diff))
-    rel_fro = dnorm / rnorm if rnorm > 0 else (0.0 if dnorm == 0 else math.inf)
-    if out_dtype.is_floating_point and diff.numel():
-        max_ulp = float((diff / ulp_of(rz, out_dtype)).max())
-    else:
-        max_ulp = 0.0
-    anorm = float(torch.linalg.vector_norm(az))
-    cosine = float((az * rz).sum()) / (anorm * rnorm) if anorm > 0 and rnorm > 0 else float(anorm == rnorm)
+    if not diff.numel():
+        return Metrics(0.0, 0.0, 0.0, 1.0, 0, 0.0, ())
+    zero = torch.zeros((), dtype=torch.float64, device=r.device)
+    ulp = (diff / ulp_of(rz, out_dtype)).max() if out_dtype.is_floating_point else zero
     k = min(5, diff.numel())
+    top = torch.topk(diff.flatten(), k)
+    scalars = torch.stack([
+        (~both & ~same_nonfinite).sum().to(torch.float64), diff.max(), rz.abs().max(),
+        torch.linalg.vector_norm(rz), torch.linalg.vector_norm(diff), torch.linalg.vector_norm(az),
+        (az * rz).sum(), ulp,
+    ]).tolist()  # the one host sync
+    mismatch, max_abs, ref_max, rnorm, dnorm, anorm, dot, max_ulp = scalars
+    rel_fro = dnorm / rnorm if rnorm > 0 else (0.0 if dnorm == 0 else math.inf)
+    cosine = dot / (anorm * rnorm) if anorm > 0 and rnorm > 0 else float(anorm == rnorm)
     worst: tuple[tuple[int, ...], ...] = ()
-    if k and max_abs > 0:
-        idx = torch.topk(diff.flatten(), k).indices
-        worst = tuple(tuple(int(i) for i in torch.unravel_index(j, diff.shape)) for j in idx if diff.flatten()[j] > 0)
-    return Metrics(max_abs, rel_fro, max_ulp, cosine, nonfinite_mismatch, ref_max, worst)
+    if max_abs > 0:
+        values, indices = top.values.tolist(), top.indices.cpu()
+        worst = tuple(tuple(int(i) for i in torch.unravel_index(j, diff.shape))
+                      for v, j in zip(values, indices) if v > 0)
+    return Metrics(max_abs, rel_fro, max_ulp, cosine, int(mismatch), ref_max, worst)
 
 
 def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor) -> str:

@@ -7,8 +7,11 @@
 # Before (on a machine with network), put the extracted engine sources inside the repo:
 #     K3NUM_ENGINE_CACHE=$PWD/engine-cache k3num fetch
 #   and carry engine-cache/ without its wheels/ folder (about 0.5 MB).
-# Usage: scripts/device_session.sh OUT
-# Environment (defaults are what the recorded run in docs/gpu-run.md used):
+# Usage: scripts/device_session.sh OUT [PARTS]
+#   PARTS: comma-separated, any of bench,race,k3,small (default all four; k3 and small run side by
+#   side when both are asked for; on the recorded H200 run that contention cost ~3x in K3 examples,
+#   so a 10-minute slot should take k3 alone)
+# Environment (docs/gpu-run.md records the settings of each recorded run):
 #   K3NUM_K3_PROFILE     profile of the K3-shape properties (nightly-1k: 1,000 examples each)
 #   K3NUM_K3_JOBS        their jobs (gpu_nightly.sh K3NUM_ENGINES syntax), split so that each fits
 #   K3NUM_SMALL_PROFILE  profile of the small-shape properties on cuda (ci: 40 examples each)
@@ -17,14 +20,18 @@
 #   K3NUM_BENCH_REPS     repetitions of each kernel timing (default 20)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-out=${1:?usage: scripts/device_session.sh OUT}
+out=${1:?usage: scripts/device_session.sh OUT [PARTS]}
+parts=",${2:-bench,race,k3,small},"
+want() { [[ "$parts" == *",$1,"* ]]; }
+for p in ${parts//,/ }; do
+    case $p in bench|race|k3|small) ;; *) echo "device_session: unknown part '$p' (bench, race, k3, small)"; exit 2;; esac
+done
 mkdir -p "$out"
 cd "$root"
 export K3NUM_ENGINE_CACHE=${K3NUM_ENGINE_CACHE:-$root/engine-cache} PYTHONUNBUFFERED=1
 export K3NUM_ENGINE_TIMEOUT=${K3NUM_ENGINE_TIMEOUT:-480}
 k3_profile=${K3NUM_K3_PROFILE:-nightly-1k}
-k3_jobs=${K3NUM_K3_JOBS:-vllm@k3_attn_res vllm@k3_fused vllm-rocm sglang@mix_triton sglang@mix_eager \
-sglang@k3_read_only+and+not+triton+and+not+eager sglang@draft tokenspeed}
+k3_jobs=${K3NUM_K3_JOBS:-vllm vllm-rocm sglang@mix sglang@draft tokenspeed}
 small_profile=${K3NUM_SMALL_PROFILE:-ci}
 small_jobs=${K3NUM_SMALL_JOBS:-vllm vllm-rocm sglang tokenspeed}
 {
@@ -36,22 +43,33 @@ small_jobs=${K3NUM_SMALL_JOBS:-vllm vllm-rocm sglang tokenspeed}
 for e in vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
-echo "== engine kernel bandwidth"
-python bench/engine_kernels.py --reps "${K3NUM_BENCH_REPS:-20}" --csv "$out/engine_kernels.csv" | tee "$out/engine_kernels.md"
-bench=${PIPESTATUS[0]}
-echo "== K3N-004/005 reproducer (attn_res write race)"
-python scripts/repro_attn_res_write_race.py --calls 200 --csv "$out/attn_res_write_race.csv" | tee "$out/attn_res_write_race.md"
-race=${PIPESTATUS[0]}
-echo "== properties: K3 shapes [$k3_profile: $k3_jobs] and small shapes [$small_profile: $small_jobs], side by side"
-K3NUM_PROFILE=$k3_profile K3NUM_SUITE="properties -m gpu" K3NUM_ENGINES=$k3_jobs \
-    bash scripts/gpu_nightly.sh "$out/k3" > "$out/k3.log" 2>&1 &
-k3_pid=$!
-K3NUM_PROFILE=$small_profile K3NUM_SUITE="properties --ignore=properties/test_k3_shapes.py" K3NUM_ENGINES=$small_jobs \
-    bash scripts/gpu_nightly.sh "$out/small" > "$out/small.log" 2>&1 &
-small_pid=$!
-wait $k3_pid; k3=$?
-wait $small_pid; small=$?
-cat "$out/k3.log" "$out/small.log"
-tar czf "$out/properties.tgz" -C "$out" k3 small
+bench=0 race=0 k3=0 small=0
+if want bench; then
+    echo "== engine kernel bandwidth"
+    python bench/engine_kernels.py --reps "${K3NUM_BENCH_REPS:-20}" --csv "$out/engine_kernels.csv" | tee "$out/engine_kernels.md"
+    bench=${PIPESTATUS[0]}
+fi
+if want race; then
+    echo "== K3N-004/005 reproducer (attn_res write race)"
+    python scripts/repro_attn_res_write_race.py --calls 200 --csv "$out/attn_res_write_race.csv" | tee "$out/attn_res_write_race.md"
+    race=${PIPESTATUS[0]}
+fi
+k3_pid= small_pid=
+if want k3; then
+    echo "== properties at K3 shapes [$k3_profile: $k3_jobs]"
+    K3NUM_PROFILE=$k3_profile K3NUM_SUITE="properties -m gpu" K3NUM_ENGINES=$k3_jobs \
+        bash scripts/gpu_nightly.sh "$out/k3" > "$out/k3.log" 2>&1 &
+    k3_pid=$!
+fi
+if want small; then
+    echo "== properties at small shapes on cuda [$small_profile: $small_jobs]"
+    K3NUM_PROFILE=$small_profile K3NUM_SUITE="properties --ignore=properties/test_k3_shapes.py" \
+        K3NUM_ENGINES=$small_jobs bash scripts/gpu_nightly.sh "$out/small" > "$out/small.log" 2>&1 &
+    small_pid=$!
+fi
+if [ -n "$k3_pid" ]; then wait "$k3_pid"; k3=$?; cat "$out/k3.log"; fi
+if [ -n "$small_pid" ]; then wait "$small_pid"; small=$?; cat "$out/small.log"; fi
+dirs=(); for d in k3 small; do [ -d "$out/$d" ] && dirs+=("$d"); done
+[ ${#dirs[@]} -gt 0 ] && tar czf "$out/properties.tgz" -C "$out" "${dirs[@]}"
 echo "device_session: bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
 [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]

@@ -27,9 +27,13 @@ profile=${K3NUM_PROFILE:-nightly}
 engines=${K3NUM_ENGINES:-$(python -c "from engines import registry; print(' '.join(registry.defaults()))")}
 read -r -a suite <<< "${K3NUM_SUITE:-properties}"
 limit=${K3NUM_ENGINE_TIMEOUT:-}
-echo "gpu_nightly: profile=$profile engines=[$engines] suite=[${suite[*]}] -> $out"
+echo "gpu_nightly: profile=$profile jobs=[$engines] suite=[${suite[*]}] -> $out"
 start=$SECONDS
 declare -A pids
+# the jobs share the host's cores: each gets its share of torch's CPU threads, not all of them
+read -r -a joblist <<< "$engines"
+threads=$(( $(nproc) / ${#joblist[@]} )); [ "$threads" -ge 1 ] || threads=1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads}
 for e in $engines; do
     engine=${e%%@*}
     select=()

@@ -56,6 +56,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "else cpu (the default); sets K3NUM_DEVICE (the gpu-marked K3-shape properties always run on cuda)",
     )
     group.addoption(
+        "--engine-src",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="read engine NAME (vllm, sglang, tokenspeed) from PATH, a tree laid out like the installed "
+        "package (PATH/vllm/models/kimi_k3/...), instead of the fetched cache: a checkout or a patch; "
+        "repeatable; joins K3NUM_ENGINE_SRC",
+    )
+    group.addoption(
         "--drift-csv",
         default=None,
         metavar="PATH",
@@ -64,6 +73,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from engines import fetch
+
+    srcs = config.getoption("--engine-src")
+    if srcs:
+        os.environ[fetch.ENGINE_SRC_ENV] = ",".join(filter(None, [os.environ.get(fetch.ENGINE_SRC_ENV, ""), *srcs]))
+    try:
+        fetch.local_sources()
+    except ValueError as e:
+        raise pytest.UsageError(f"--engine-src: {e}") from e
     dev = config.getoption("--device")
     if dev is None:
         return

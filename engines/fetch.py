@@ -10,6 +10,12 @@ wheels (BRIEF §4) into an ignored cache, by default
 
 A wheel whose sha256 differs from the pin is refused (and deleted). Running it
 again re-extracts nothing that is already there with the right hashes.
+
+K3NUM_ENGINE_SRC="NAME=PATH[,NAME=PATH...]" (pytest: --engine-src NAME=PATH)
+points an engine at a local tree laid out like the installed package
+(PATH/vllm/models/kimi_k3/...) instead of the cache: a checkout, or a patch
+before it is merged. Its files are hashed as they are read; the engine's
+version reads `<pin>+local`.
 """
 
 from __future__ import annotations
@@ -72,9 +78,47 @@ def cache_root() -> Path:
     return Path(os.environ.get("K3NUM_ENGINE_CACHE") or Path.home() / ".cache" / "k3-numerics" / "engines")
 
 
+ENGINE_SRC_ENV = "K3NUM_ENGINE_SRC"
+
+
+def local_sources() -> dict[str, Path]:
+    """{engine: local tree} from K3NUM_ENGINE_SRC; ValueError naming the bad item."""
+    out: dict[str, Path] = {}
+    for item in (s.strip() for s in os.environ.get(ENGINE_SRC_ENV, "").split(",")):
+        if not item:
+            continue
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ValueError(f"{ENGINE_SRC_ENV}: expected NAME=PATH[,NAME=PATH...], got {item!r}")
+        name = name.strip()
+        if name not in PINS:
+            raise ValueError(f"{ENGINE_SRC_ENV}: unknown engine {name!r} in {item!r}; known: {sorted(PINS)}")
+        root = Path(path.strip()).expanduser()
+        if not root.is_dir():
+            raise ValueError(f"{ENGINE_SRC_ENV}: {name}={path.strip()} is not a directory")
+        out[name] = root.resolve()
+    return out
+
+
 def source_dir(engine: str) -> Path:
+    """Where the engine's files are read from: its local tree (K3NUM_ENGINE_SRC) or the cache."""
+    local = local_sources().get(engine)
+    if local is not None:
+        return local
     pin = PINS[engine]
     return cache_root() / f"{pin.engine}-{pin.version}"
+
+
+def version_label(engine: str) -> str:
+    """The version the records carry: the pin's, or `<pin>+local` for a local tree."""
+    pin = PINS[engine]
+    return f"{pin.version}+local" if engine in local_sources() else pin.version
+
+
+def missing_files(engine: str) -> list[str]:
+    """The pinned files the engine's source lacks (a local tree, or a cache not fetched)."""
+    root = source_dir(engine)
+    return [f for f in PINS[engine].files if not (root / f).is_file()]
 
 
 def sha256_of(path: Path) -> str:
@@ -86,7 +130,11 @@ def sha256_of(path: Path) -> str:
 
 
 def manifest(engine: str) -> dict[str, str]:
-    """{relative path: sha256} of the extracted files, or {} when not fetched."""
+    """{relative path: sha256} of the extracted files, or {} when not fetched; for a local tree,
+    the hashes of the files it has, computed now."""
+    local = local_sources().get(engine)
+    if local is not None:
+        return {f: sha256_of(local / f) for f in PINS[engine].files if (local / f).is_file()}
     path = source_dir(engine) / "MANIFEST.json"
     if not path.exists():
         return {}

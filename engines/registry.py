@@ -50,6 +50,14 @@ def get(name: str) -> Engine:
     return _CACHE[name]
 
 
+def build(name: str) -> Engine:
+    """A fresh engine, not cached (what `get` caches); EngineUnavailable says why it cannot be built."""
+    _load_builtin()
+    if name not in _FACTORIES:
+        raise ValueError(f"unknown engine {name!r}; known: {sorted(_FACTORIES)}")
+    return _FACTORIES[name]()
+
+
 # the real engines: registry name -> (adapter module, factory); built only when first asked for
 _REAL = {
     "vllm": ("engines.vllm_engine", "build"),
@@ -66,13 +74,21 @@ def _load_builtin() -> None:
         register("mirror", mirror.build)
     for name, (module, attr) in _REAL.items():
         if name not in _FACTORIES:
-            register(name, _lazy(module, attr), default=True)
+            register(name, _lazy(module, attr, name.split("-")[0]), default=True)
 
 
-def _lazy(module: str, attr: str) -> Factory:
+def _lazy(module: str, attr: str, pin: str) -> Factory:
     def factory() -> Engine:
         import importlib
 
+        from engines import fetch
+
+        try:
+            local = fetch.local_sources().get(pin)
+        except ValueError as e:
+            raise EngineUnavailable(str(e)) from e
+        if local is not None and (missing := fetch.missing_files(pin)):
+            raise EngineUnavailable(f"{pin}: the local tree {local} (K3NUM_ENGINE_SRC) lacks {missing}")
         return getattr(importlib.import_module(module), attr)()
 
     return factory

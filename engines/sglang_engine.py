@@ -64,7 +64,7 @@ def build() -> base.Engine:
                 base.ATTN_RES_MIX_EAGER: _mix_subject(mod.aggregate_stream_torch)}
     m = fetch.manifest("sglang")
     return base.Engine(
-        name="sglang", version=PIN.version, mode="source-interpreter" if interpret else "source-gpu",
+        name="sglang", version=fetch.version_label("sglang"), mode="source-interpreter" if interpret else "source-gpu",
         subjects=subjects, real_ops=STANDINS,
         source_sha256={**{s: m[ATTN_PY] for s in subjects}, base.DRAFT_CONTEXT_KV: m[FKW_PY],
                        base.PROJECT_UNSHARDED: m[DFLASH_PY], "transfer_pairs": m[UTILS_PY]},

@@ -136,7 +136,7 @@ def build() -> base.Engine:
 
     m = fetch.manifest("tokenspeed")
     return base.Engine(
-        name="tokenspeed", version=PIN.version, mode="source-lifted", real_ops=STANDIN_OPS,
+        name="tokenspeed", version=fetch.version_label("tokenspeed"), mode="source-lifted", real_ops=STANDIN_OPS,
         subjects={base.STAGE_PARTIAL: stage_partial, base.FINALIZE_PROJECTION: finalize,
                   base.PROJECT_UNSHARDED: unsharded, base.CONTEXT_KV_UNFUSED: context_kv},
         source_sha256={base.STAGE_PARTIAL: m[MODEL_PY], base.FINALIZE_PROJECTION: m[MODEL_PY],

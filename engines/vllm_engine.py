@@ -315,7 +315,7 @@ def build() -> base.Engine:
         base.DRAFT_CONTEXT_KV: "not bound from vLLM",
     }
     return base.Engine(
-        name="vllm", version=PIN.version, mode=mode, subjects=subjects, real_ops=STANDIN_OPS,
+        name="vllm", version=fetch.version_label("vllm"), mode=mode, subjects=subjects, real_ops=STANDIN_OPS,
         source_sha256=sha, missing=missing,
         storage_rounding=truncate_to_bf16 if interpret else None,
         rounding="toward_zero" if interpret else "nearest", extras={"weight_loading": loading},
@@ -403,7 +403,7 @@ def build_rocm() -> base.Engine:
         raise EngineUnavailable(f"vllm-rocm {PIN.version}: {e}") from e
     m = fetch.manifest("vllm")
     return base.Engine(
-        name="vllm-rocm", version=PIN.version, mode="source-interpreter" if interpret else "source-gpu",
+        name="vllm-rocm", version=fetch.version_label("vllm"), mode="source-interpreter" if interpret else "source-gpu",
         subjects=subjects, real_ops=ROCM_STANDINS,
         source_sha256={base.ATTN_RES: m[AMD_ATTN_RES_PY], base.AUX_CAPTURE: m[AMD_LINEAR_PY]},
         missing={s: "the ROCm path binds only attn_res and the aux tap" for s in base.SUBJECTS

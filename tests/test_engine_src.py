@@ -1,0 +1,74 @@
+"""--engine-src / K3NUM_ENGINE_SRC: an engine read from a local tree (a checkout or a patch).
+
+The tree here is a copy of the fetched SGLang files: unchanged, it builds as `0.5.23+local` with
+the local files' hashes and passes the transfer-pairing properties; with a one-line patch that
+reuses a destination entry, the same properties fail; a tree lacking a pinned file is refused
+with the file's name.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engines import fetch, registry
+
+ROOT = Path(__file__).resolve().parents[1]
+UTILS = "sglang/srt/disaggregation/utils.py"
+
+
+@pytest.fixture
+def sglang_tree(tmp_path: Path) -> Path:
+    if fetch.missing_files("sglang"):
+        pytest.skip("sglang 0.5.23 is not fetched here: run `k3num fetch sglang`")
+    tree = tmp_path / "sglang-checkout"
+    for f in fetch.PINS["sglang"].files:
+        (tree / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(fetch.source_dir("sglang") / f, tree / f)
+    return tree
+
+
+def _properties(tree: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest", "properties/test_transfer_pairs.py", "--engine", "sglang",
+                           "--engine-src", f"sglang={tree}", "-q", "-p", "no:cacheprovider",
+                           "--hypothesis-profile=ci"], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_a_local_tree_builds_with_its_own_hashes_and_a_local_version(sglang_tree: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    (sglang_tree / UTILS).write_text((sglang_tree / UTILS).read_text() + "\n# a local edit\n")
+    monkeypatch.setenv(fetch.ENGINE_SRC_ENV, f"sglang={sglang_tree}")
+    engine = registry.build("sglang")
+    assert engine.version == "0.5.23+local"
+    assert engine.source_sha256["transfer_pairs"] == fetch.sha256_of(sglang_tree / UTILS)
+    monkeypatch.delenv(fetch.ENGINE_SRC_ENV)
+    assert fetch.manifest("sglang")[UTILS] != engine.source_sha256["transfer_pairs"]
+
+
+def test_an_unpatched_tree_passes_and_a_patched_one_fails_the_properties(sglang_tree: Path) -> None:
+    ok = _properties(sglang_tree)
+    assert ok.returncode == 0, ok.stdout[-3000:]
+    src = (sglang_tree / UTILS).read_text()
+    assert "pairs.append((i, dst_pos[lid].popleft()))" in src
+    (sglang_tree / UTILS).write_text(src.replace("dst_pos[lid].popleft()", "dst_pos[lid][0]"))  # reuse an entry
+    bad = _properties(sglang_tree)
+    assert bad.returncode == 1 and "test_pairing_by_layer_id_is_one_to_one_with_matching_ids" in bad.stdout
+
+
+def test_a_tree_lacking_a_pinned_file_is_refused_naming_it(sglang_tree: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    (sglang_tree / UTILS).unlink()
+    monkeypatch.setenv(fetch.ENGINE_SRC_ENV, f"sglang={sglang_tree}")
+    with pytest.raises(registry.EngineUnavailable, match="disaggregation/utils.py"):
+        registry.build("sglang")
+
+
+@pytest.mark.parametrize("spec", ["sglang", "=x", "nosuch=/tmp", "vllm=/no/such/dir"])
+def test_a_bad_engine_src_is_refused_naming_the_item(spec: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(fetch.ENGINE_SRC_ENV, spec)
+    with pytest.raises(ValueError, match="K3NUM_ENGINE_SRC"):
+        fetch.local_sources()

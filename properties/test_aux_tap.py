@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from engines import base
@@ -55,6 +55,7 @@ def test_disabled_tap_returns_prefix_plus_pending_bitwise(engine, case: TapCase,
 
 
 @given(case=tap_cases(position="inner"))
+@example(case=TapCase(num_layers=2, block_size=1, stage_end=2, layer_idx=0, tokens=1, hidden=16, seed=0))  # K3N-001
 def test_branch1_tap_mixes_with_the_next_layers_weights_and_blocks(engine, case: TapCase) -> None:
     inp = tap_inputs(case, LOW, DEVICE)
     got = _tap(engine, case, inp)
@@ -68,6 +69,7 @@ def test_branch1_tap_mixes_with_the_next_layers_weights_and_blocks(engine, case:
 
 
 @given(case=tap_cases(position="stage_end"))
+@example(case=TapCase(num_layers=2, block_size=1, stage_end=1, layer_idx=0, tokens=1, hidden=16, seed=0))  # K3N-002
 def test_branch2_tap_on_the_last_rank_mixes_with_the_output_weights(engine, case: TapCase) -> None:
     inp = tap_inputs(case, LOW, DEVICE)
     got = _tap(engine, case, inp, is_last_rank=True)
@@ -81,6 +83,7 @@ def test_branch2_tap_on_the_last_rank_mixes_with_the_output_weights(engine, case
 
 
 @given(case=tap_cases(position="stage_end"))
+@example(case=TapCase(num_layers=2, block_size=1, stage_end=1, layer_idx=0, tokens=1, hidden=16, seed=0))  # K3N-003
 def test_branch3_non_final_stage_raises_when_configured_to(engine, case: TapCase) -> None:
     inp = tap_inputs(case, LOW, DEVICE)
     # a deliberate refusal (RuntimeError, as vLLM 0.33.0 raises), not an accident such as an IndexError

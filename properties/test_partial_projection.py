@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 
 from engines import base
 from engines.mirror import projection as eager
@@ -86,6 +86,8 @@ def test_sharded_within_budget_of_unsharded_for_every_order_of_stages(engine, tr
 
 @pytest.mark.parametrize("transfer", sorted(TRANSFER))
 @given(case=projection_cases(min_taps=2))
+@example(case=ProjectionCase(taps=2, tokens=1, hidden=16, hidden_out=16, stages=((0, 1),), order=(0,), seed=0,
+                             scale=0.01, outliers=0.0))  # K3N-006
 def test_sharded_adds_no_rounding_beyond_its_partials_when_taps_cancel(engine, transfer: str,
                                                                       case: ProjectionCase) -> None:
     """Taps 0 and 1 cancel (their sum is ~1% of each): sharding may round each stage's partial and

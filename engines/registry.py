@@ -87,8 +87,12 @@ def _lazy(module: str, attr: str, pin: str) -> Factory:
             local = fetch.local_sources().get(pin)
         except ValueError as e:
             raise EngineUnavailable(str(e)) from e
-        if local is not None and (missing := fetch.missing_files(pin)):
+        missing = fetch.missing_files(pin)
+        if local is not None and missing:
             raise EngineUnavailable(f"{pin}: the local tree {local} (K3NUM_ENGINE_SRC) lacks {missing}")
+        if missing and len(missing) < len(fetch.PINS[pin].files):  # a partly deleted cache: name what is gone
+            raise EngineUnavailable(f"{pin}: the cache {fetch.source_dir(pin)} lacks {missing}: "
+                                    f"run `k3num fetch {pin}`")
         return getattr(importlib.import_module(module), attr)()
 
     return factory

@@ -3,7 +3,7 @@
 The tree here is a copy of the fetched SGLang files: unchanged, it builds as `0.5.23+local` with
 the local files' hashes and passes the transfer-pairing properties; with a one-line patch that
 reuses a destination entry, the same properties fail; a tree lacking a pinned file is refused
-with the file's name.
+with the file's name, as is a partly deleted cache.
 """
 
 from __future__ import annotations
@@ -72,3 +72,13 @@ def test_a_bad_engine_src_is_refused_naming_the_item(spec: str, monkeypatch: pyt
     monkeypatch.setenv(fetch.ENGINE_SRC_ENV, spec)
     with pytest.raises(ValueError, match="K3NUM_ENGINE_SRC"):
         fetch.local_sources()
+
+
+def test_a_cache_missing_one_file_is_refused_naming_it(sglang_tree: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "cache"
+    shutil.copytree(fetch.source_dir("sglang"), cache / "sglang-0.5.23")
+    (cache / "sglang-0.5.23" / UTILS).unlink()
+    monkeypatch.setenv("K3NUM_ENGINE_CACHE", str(cache))
+    with pytest.raises(registry.EngineUnavailable, match="disaggregation/utils.py.*k3num fetch sglang"):
+        registry.build("sglang")

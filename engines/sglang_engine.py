@@ -72,9 +72,16 @@ def build() -> base.Engine:
         # the raw write kernel is for bench/engine_kernels.py (its bandwidth without the K/V GEMMs);
         # the eager path rounds the normed rows and the scores to bf16 before its softmax
         extras={"transfer_pairs": pairs, "fused_kv_norm_rope_write": fkw.fused_kv_norm_rope_write,
-                "logit_dtype": {base.ATTN_RES_MIX_EAGER: torch.bfloat16, base.ATTN_RES_MIX: torch.bfloat16}},
+                "logit_dtype": {base.ATTN_RES_MIX_EAGER: torch.bfloat16, base.ATTN_RES_MIX: _dispatched_logit_dtype}},
         storage_rounding=None, rounding="toward_zero" if interpret else "nearest",
     )
+
+
+def _dispatched_logit_dtype(hidden: int, nvb: int) -> torch.dtype | None:
+    """The logit rounding of the path aggregate_stream takes on NVIDIA or the CPU: nvb 0 returns the
+    prefix itself; hidden % _BLOCK_H (1024) == 0 takes _mix_fused (fp32 logits: None); otherwise
+    aggregate_stream_torch, which rounds the normed rows and the scores to bf16."""
+    return None if nvb == 0 or hidden % 1024 == 0 else torch.bfloat16
 
 
 ATTN_PY = "sglang/srt/layers/attn_residual.py"

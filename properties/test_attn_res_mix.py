@@ -20,7 +20,7 @@ SUBJECTS = [base.ATTN_RES_MIX, base.ATTN_RES_MIX_TRITON, base.ATTN_RES_MIX_EAGER
 
 
 def mix_budget(engine, name: str, want: torch.Tensor, sources: torch.Tensor, q: torch.Tensor,
-               hidden: int) -> budgets.Budget:
+               hidden: int, nvb: int) -> budgets.Budget:
     """One output rounding + fp32 arithmetic (as for the kernel), plus what a subject that rounds its
     logits to a low dtype adds: a logit error of u_l (|logit| + sum |n||q|) (the rounded normed row and
     the rounded score) moves each softmax weight by <= 2 max|dlogit| relative, so the mixture by
@@ -31,6 +31,8 @@ def mix_budget(engine, name: str, want: torch.Tensor, sources: torch.Tensor, q: 
     ref_max = want.abs().max().item()
     fp32 = 4 * budgets.probabilistic(hidden, budgets.U32) * (1 + logits.abs().max().item()) * ref_max
     ldt = engine.extras.get("logit_dtype", {}).get(name)
+    if callable(ldt):  # a dispatching subject: the dtype of the path it takes for this call
+        ldt = ldt(hidden, nvb)
     extra, rule = 0.0, ""
     if ldt is not None:
         u_l = budgets.unit_roundoff(ldt)
@@ -59,7 +61,7 @@ def check_read_only_mixture(engine, name: str, tokens: int, hidden: int, nvb: in
     out = call(engine, fn, prefix, bank, nvb, norm, proj, EPS)
     want, _, _ = ref.attn_res(up(prefix), None, up(bank), up(norm), up(proj), None, nvb, -1, EPS, 0.0)
     sources = torch.cat([up(bank[:, :nvb]), up(prefix)[:, None]], 1)
-    budget = mix_budget(engine, name, want, sources, up(norm) * up(proj), hidden)
+    budget = mix_budget(engine, name, want, sources, up(norm) * up(proj), hidden, nvb)
     report(judge(property="read_only_mixture_within_rounding_budget", engine=engine, subject=name, actual=out,
                  reference=want, budget=budget, seed=seed, reduction_len=hidden, detail=f"nvb={nvb}"))
     assert torch.equal(prefix, before[0]) and torch.equal(bank, before[1]), "a read-only mixture wrote its inputs"

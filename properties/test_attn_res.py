@@ -17,6 +17,9 @@ from properties.support import DEVICE, LOW, assert_bitwise, report, round_storag
 from refmodel import attn_res as ref
 
 EPS, OUT_EPS = 1e-5, 1e-6
+# each write-inside-the-mix case is run this many times: the GPU race of K3N-004/005 shows on a
+# fraction of calls (3.5-40% on the H200), and a strict xfail must not pass by luck on short profiles
+WRITE_REPEATS = 4
 
 
 def _call(engine, inp: AttnResInputs, case: AttnResCase) -> torch.Tensor:
@@ -58,11 +61,13 @@ def test_a_block_written_in_the_call_is_mixed_with_its_written_value(engine, cas
     from that row. Same budget as the accuracy property."""
     nb = max(case.num_blocks, 1)
     case = dataclasses.replace(case, num_blocks=nb, block_write_idx=case.seed % nb)
-    check_attn_res_within_rounding_budget(engine, case, DEVICE, prop="written_block_mixed_with_written_value")
+    for attempt in range(WRITE_REPEATS):  # fresh inputs each time: the kernel writes in place
+        check_attn_res_within_rounding_budget(engine, case, DEVICE, prop="written_block_mixed_with_written_value",
+                                              climb=attempt == 0)
 
 
 def check_attn_res_within_rounding_budget(engine, case: AttnResCase, device: str,
-                                          prop: str = "attn_res_within_rounding_budget") -> None:
+                                          prop: str = "attn_res_within_rounding_budget", climb: bool = True) -> None:
     """One attn_res call on `case` judged against the oracle (write, then mix) under mixture_budget."""
     inp = attn_res_inputs(case, LOW, device)
     # the oracle mixes the prefix the subject stores: fp32(prefix) + fp32(delta) rounded to storage
@@ -80,7 +85,7 @@ def check_attn_res_within_rounding_budget(engine, case: AttnResCase, device: str
     report(judge(property=prop, engine=engine, subject=base.ATTN_RES, actual=out,
                  reference=want, budget=budget, seed=case.seed, reduction_len=case.hidden * (case.num_blocks + 1),
                  detail=f"nb={case.num_blocks};write={case.block_write_idx};delta={case.with_delta};"
-                        f"onorm={case.with_output_norm}"))
+                        f"onorm={case.with_output_norm}"), climb=climb)
 
 
 @given(case=attn_res_cases())

@@ -83,20 +83,12 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError as e:
         raise pytest.UsageError(f"--engine-src: {e}") from e
     dev = config.getoption("--device")
-    if dev is None:
-        return
-    try:
-        kind = torch.device(dev).type
-    except RuntimeError as e:
-        raise pytest.UsageError(f"--device: {dev!r} is not a torch device ({e})") from e
-    if kind not in ("cpu", "cuda"):
-        raise pytest.UsageError(f"--device: expected cpu or cuda[:N], got {dev!r}")
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise pytest.UsageError("--device cuda: torch.cuda.is_available() is False on this machine")
-    if kind == "cpu" and torch.cuda.is_available():
-        raise pytest.UsageError("--device cpu on a CUDA machine: the engines' Triton kernels run natively here "
-                                "and need CUDA tensors (the interpreter is chosen only where CUDA is absent)")
-    os.environ["K3NUM_DEVICE"] = dev
+    if dev is not None:
+        os.environ["K3NUM_DEVICE"] = dev
+    try:  # properties.support resolves and checks the device once, when first imported
+        from properties import support  # noqa: F401
+    except ValueError as e:
+        raise pytest.UsageError(f"--device: {e}") from e
 
 
 def _engine_names(config: pytest.Config) -> list[str]:

@@ -77,11 +77,16 @@ def build() -> base.Engine:
     )
 
 
+def _takes_triton(hidden: int, nvb: int) -> bool:
+    """aggregate_stream's dispatch on NVIDIA or the CPU: nvb 0 returns the prefix itself; hidden a
+    multiple of _BLOCK_H (1024) takes _mix_fused; otherwise aggregate_stream_torch."""
+    return nvb > 0 and hidden % 1024 == 0
+
+
 def _dispatched_logit_dtype(hidden: int, nvb: int) -> torch.dtype | None:
-    """The logit rounding of the path aggregate_stream takes on NVIDIA or the CPU: nvb 0 returns the
-    prefix itself; hidden % _BLOCK_H (1024) == 0 takes _mix_fused (fp32 logits: None); otherwise
-    aggregate_stream_torch, which rounds the normed rows and the scores to bf16."""
-    return None if nvb == 0 or hidden % 1024 == 0 else torch.bfloat16
+    """The logit rounding of the path aggregate_stream takes: none for the prefix itself or
+    _mix_fused (fp32 logits); bf16 for aggregate_stream_torch (normed rows and scores rounded)."""
+    return torch.bfloat16 if nvb > 0 and not _takes_triton(hidden, nvb) else None
 
 
 ATTN_PY = "sglang/srt/layers/attn_residual.py"
@@ -188,7 +193,7 @@ def _mix_subject(fn: Any, *, triton_only: bool = False, dispatches: bool = False
             proj_weight: torch.Tensor, eps: float) -> torch.Tensor:
         if triton_only and prefix.shape[1] % 1024:
             raise NotImplementedError("SGLang's _mix_fused needs hidden % 1024 == 0 (BLOCK_H 1024)")
-        triton_path = triton_only or (dispatches and prefix.shape[1] % 1024 == 0 and nvb > 0)
+        triton_path = triton_only or (dispatches and _takes_triton(prefix.shape[1], nvb))
         if interpret and triton_path:
             raise NotImplementedError(INTERPRETER_GAP)
         # a fresh proj object per call: get_cw caches norm * proj on it

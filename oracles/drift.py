@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -52,22 +53,29 @@ class DriftCollector:
         return target
 
     def summary(self) -> pd.DataFrame:
-        """Worst ratio per (engine, subject), with the record count, failures, and failures
-        filed in the known-divergence ledger (counted apart)."""
-        df = self.frame()
-        if df.empty:
-            return df
-        judged = df[df["verdict"] != "info"]
-        if judged.empty:
-            return judged
-        known = judged["ledger"].fillna("") != ""
-        judged = judged.assign(_fail=(judged["verdict"] == FAIL) & ~known, _known=(judged["verdict"] == FAIL) & known)
-        g = judged.groupby(["engine", "subject"], sort=True)
-        out = g.agg(records=("ratio", "size"), worst_ratio=("ratio", "max"), failures=("_fail", "sum"),
-                    known_divergences=("_known", "sum"))
-        worst_prop = judged.loc[g["ratio"].idxmax(), ["engine", "subject", "property"]]
-        return out.reset_index().merge(worst_prop.rename(columns={"property": "worst_property"}),
-                                       on=["engine", "subject"])
+        """Worst ratio per (engine, subject): `summarize` of this session's records."""
+        return summarize(self.frame())
+
+
+def summarize(df: pd.DataFrame, keys: Sequence[str] = ("engine", "subject")) -> pd.DataFrame:
+    """Worst ratio per group of judged records (verdict not info), with the record count, failures,
+    and failures filed in the known-divergence ledger (counted apart); with the worst group's
+    property when `keys` does not hold it."""
+    if df.empty:
+        return df
+    judged = df[df["verdict"] != "info"]
+    if judged.empty:
+        return judged
+    keys = list(keys)
+    known = judged["ledger"].fillna("") != ""
+    judged = judged.assign(_fail=(judged["verdict"] == FAIL) & ~known, _known=(judged["verdict"] == FAIL) & known)
+    g = judged.groupby(keys, sort=True)
+    out = g.agg(records=("ratio", "size"), worst_ratio=("ratio", "max"), median_rel_fro=("rel_fro", "median"),
+                failures=("_fail", "sum"), known_divergences=("_known", "sum")).reset_index()
+    if "property" in keys:
+        return out
+    worst_prop = judged.loc[g["ratio"].idxmax(), [*keys, "property"]]
+    return out.merge(worst_prop.rename(columns={"property": "worst_property"}), on=keys)
 
 
 COLLECTOR = DriftCollector()

@@ -29,6 +29,11 @@ def _device() -> str:
         raise ValueError(f"K3NUM_DEVICE={name!r} is not a torch device ({e})") from e
     if kind not in ("cpu", "cuda"):
         raise ValueError(f"K3NUM_DEVICE={name!r}: the properties run on cpu or cuda")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"K3NUM_DEVICE={name!r}: torch.cuda.is_available() is False on this machine")
+    if kind == "cpu" and torch.cuda.is_available():
+        raise ValueError(f"K3NUM_DEVICE={name!r} on a CUDA machine: the engines' Triton kernels run natively "
+                         "here and need CUDA tensors (the interpreter is chosen only where CUDA is absent)")
     return name
 
 

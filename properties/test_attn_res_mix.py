@@ -59,7 +59,7 @@ def check_read_only_mixture(engine, name: str, tokens: int, hidden: int, nvb: in
     """Mix nvb of 8 bank rows plus the prefix (tokens x hidden, bf16) on `device`; judge against the
     oracle and require the inputs unchanged."""
     fn = subject(engine, name)
-    d = Draw(seed, device, on_device=torch.device(device).type == "cuda")
+    d = Draw.for_device(seed, device)
     prefix, bank = d.normal((tokens, hidden)).to(LOW), d.normal((tokens, 8, hidden)).to(LOW)
     norm, proj = d.positive((hidden,)).to(LOW), d.normal((hidden,), hidden**-0.5).to(LOW)
     before = (prefix.clone(), bank.clone())

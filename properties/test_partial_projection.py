@@ -31,10 +31,18 @@ def _oracle(inp: ProjectionInputs) -> torch.Tensor:
     return ref.project_context(up(inp.taps), up(inp.fc), up(inp.norm), EPS)
 
 
-def _row_gain(inp: ProjectionInputs) -> torch.Tensor:
-    """|w_j| / rms_i of the exact pre-norm sum, [N, H_out]: how the norm scales a pre-norm error."""
-    k, n, h = inp.taps.shape
-    y = up(inp.taps).permute(1, 0, 2).reshape(n, k * h) @ up(inp.fc).T
+def _tap_products(inp: ProjectionInputs) -> list[torch.Tensor]:
+    """p_i = taps[i] @ fc[:, block i]^T in float64, [N, H_out] each: the exact per-tap projections."""
+    h = inp.taps.shape[2]
+    return [up(inp.taps[i]) @ up(inp.fc[:, i * h : (i + 1) * h]).T for i in range(inp.taps.shape[0])]
+
+
+def _row_gain(inp: ProjectionInputs, y: torch.Tensor | None = None) -> torch.Tensor:
+    """|w_j| / rms_i of the exact pre-norm sum y (computed when not given), [N, H_out]: how the norm
+    scales a pre-norm error."""
+    if y is None:
+        k, n, h = inp.taps.shape
+        y = up(inp.taps).permute(1, 0, 2).reshape(n, k * h) @ up(inp.fc).T
     return up(inp.norm).abs()[None, :] / y.square().mean(-1, keepdim=True).sqrt().clamp(min=1e-300)
 
 
@@ -50,26 +58,25 @@ def test_partial_sum_is_exact_in_float64_for_every_stage_partition(engine, case:
                  detail=f"stages={len(case.stages)}"))
 
 
-def declared_rounding_terms(engine, inp: ProjectionInputs, case: ProjectionCase, acc_max: torch.Tensor
+def declared_rounding_terms(engine, products: list[torch.Tensor], acc_max: torch.Tensor
                             ) -> tuple[torch.Tensor | float, str]:
     """Pre-norm error terms [N, H_out] of roundings an engine declares inside its sharded path
     (extras["projection_roundings"]) that the stage partials it returns do not show:
     - "tap": each tap's projection p_i is rounded to that dtype before it is summed:
-      u_tap * sum_i |p_i| (exact p_i), which exceeds u * |sum| when the taps cancel;
+      u_tap * sum_i |p_i| (`products`: the exact p_i), which exceeds u * |sum| when the taps cancel;
     - "tap_accumulate": those are summed in that dtype inside the stage: gamma_K(u_acc) * sum_i |p_i|;
     - "pre_norm": the full sum is rounded to that dtype before the norm: u_pre * max|acc|."""
     declared = engine.extras.get("projection_roundings", {})
     if not declared:
         return 0.0, ""
-    h = case.hidden
-    per_tap = sum((up(inp.taps[i]) @ up(inp.fc[:, i * h : (i + 1) * h]).T).abs() for i in range(case.taps))
+    per_tap = sum(p.abs() for p in products)
     term: torch.Tensor | float = 0.0
     rule = ""
     if "tap" in declared:
         term = term + budgets.unit_roundoff(declared["tap"]) * per_tap
         rule += f"+u({declared['tap']})*sum|p_i|"
     if "tap_accumulate" in declared:
-        term = term + budgets.gamma(case.taps, budgets.unit_roundoff(declared["tap_accumulate"])) * per_tap
+        term = term + budgets.gamma(len(products), budgets.unit_roundoff(declared["tap_accumulate"])) * per_tap
         rule += f"+gamma_K(u({declared['tap_accumulate']}))*sum|p_i|"
     if "pre_norm" in declared:
         term = term + budgets.unit_roundoff(declared["pre_norm"]) * acc_max
@@ -124,8 +131,9 @@ def check_sharded_within_budget_of_unsharded(engine, case: ProjectionCase, trans
         acc_max = torch.maximum(acc_max, acc.abs())
     pre = u_p * sum(up(p).abs() for p in partials) + budgets.gamma(len(case.order), u_t) * acc_max  # [N, H_out]
     # plus the roundings the engine declares inside its path that the returned partials do not show
-    more, more_rule = declared_rounding_terms(engine, inp, case, acc_max) if count_declared else (0.0, "")
-    extra = (2 * (pre + more) * _row_gain(inp)).max().item()
+    products = _tap_products(inp)  # once: the gain's exact sum and the declared per-tap terms
+    more, more_rule = declared_rounding_terms(engine, products, acc_max) if count_declared else (0.0, "")
+    extra = (2 * (pre + more) * _row_gain(inp, sum(products))).max().item()
     budget = budgets.baseline_rule(base_err, want.abs().max().item(), LOW, extra=extra,
                                    extra_rule=f"2*gain*(u_p*sum|p_s|+gamma_S(u_t)*max|acc|{more_rule})")
     report(judge(property=prop, engine=engine, subject=base.FINALIZE_PROJECTION,

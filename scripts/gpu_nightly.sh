@@ -59,16 +59,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from oracles.drift import summarize
+
 out, engines = Path(sys.argv[1]), sys.argv[2:]
 frames = [pd.read_csv(out / f"drift-{e}.csv") for e in engines if (out / f"drift-{e}.csv").exists()]
 if not frames:
     sys.exit("gpu_nightly: no engine wrote a drift CSV")
 df = pd.concat(frames, ignore_index=True)
 df.to_csv(out / "drift.csv", index=False)
-judged = df[df.verdict != "info"]
-g = judged.groupby(["engine", "mode", "device", "subject", "property"])
-t = g.agg(records=("ratio", "size"), worst_ratio=("ratio", "max"), median_rel_fro=("rel_fro", "median"),
-          failures=("verdict", lambda v: int((v == "fail").sum()))).reset_index()
+t = summarize(df, ["engine", "mode", "device", "subject", "property"])
 print(t.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 PY
 cat "$out/summary.md"

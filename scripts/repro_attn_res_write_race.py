@@ -36,10 +36,10 @@ def main() -> None:
     from engines import base, registry
     from fixtures.builders import attn_res_inputs
     from fixtures.strategies import AttnResCase
+    from properties.support import up
     from properties.test_attn_res import EPS, OUT_EPS, mixture_budget
     from refmodel import attn_res as ref
 
-    up = lambda t: t.detach().to(torch.float64)  # noqa: E731
     rows = []
     #          tokens hidden bank nb write delta   what
     cases = [(1, 32, 2, 2, 0, False, "write inside the mix, no delta"),

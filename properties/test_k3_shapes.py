@@ -2,11 +2,12 @@
 
 Same checks as the small-shape properties (the `check_*` functions), with the
 geometry fixed to K3's (BRIEF §1-3) and hypothesis drawing the seed, the token
-count and the case flags: context KV at hidden 7168 with 5 layers, AttnRes
-with 8 committed blocks (9 sources) at hidden 7168, the read-only mixture
-(SGLang's aggregate_stream family) over the same bank, the DFlash draft context
-K/V (6 layers, 8 KV heads x 128, full or half rotary, both RoPE styles), and
-the 6-tap partial projection at hidden 7168 for every stage partition and order.
+count (1 to 8192, `fixtures.strategies.k3_tokens`) and the case flags: context
+KV at hidden 7168 with 5 layers, AttnRes with 8 committed blocks (9 sources) at
+hidden 7168, the read-only mixture (SGLang's aggregate_stream family) over the
+same bank, the DFlash draft context K/V (6 layers, 8 KV heads x 128, full or
+half rotary, both RoPE styles), and the 6-tap partial projection at hidden 7168
+for every stage partition and order.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fixtures.strategies import AttnResCase, DraftKVCase, ProjectionCase, k3_context_kv_case, seeds
+from fixtures.strategies import AttnResCase, DraftKVCase, ProjectionCase, k3_context_kv_case, k3_tokens, seeds
 from properties.test_attn_res import check_attn_res_within_rounding_budget
 from properties.test_attn_res_mix import SUBJECTS as MIX_SUBJECTS
 from properties.test_attn_res_mix import check_read_only_mixture
@@ -27,7 +28,7 @@ from refmodel.geometry import RopeSpec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.nightly]
 DEVICE = "cuda"
-TOKENS = st.sampled_from([1, 64, 1024])
+TOKENS = k3_tokens
 
 
 @given(seed=seeds, tokens=TOKENS, plain=st.booleans())

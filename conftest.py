@@ -65,6 +65,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "repeatable; joins K3NUM_ENGINE_SRC",
     )
     group.addoption(
+        "--engine-mode",
+        default=None,
+        choices=["auto", "import", "source"],
+        help="how the real engines are bound: auto (the default: the installed engine with its compiled ops "
+        "where it is installed at the pinned version on a CUDA machine, else the fetched source), import "
+        "(the installed engine or a skip naming why not), source (the fetched files even where installed); "
+        "sets K3NUM_ENGINE_MODE",
+    )
+    group.addoption(
         "--drift-csv",
         default=None,
         metavar="PATH",
@@ -82,6 +91,15 @@ def pytest_configure(config: pytest.Config) -> None:
         fetch.local_sources()
     except ValueError as e:
         raise pytest.UsageError(f"--engine-src: {e}") from e
+    mode = config.getoption("--engine-mode")
+    if mode is not None:
+        os.environ["K3NUM_ENGINE_MODE"] = mode
+    from engines import installed
+
+    try:
+        installed.requested()
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from e
     dev = config.getoption("--device")
     if dev is not None:
         os.environ["K3NUM_DEVICE"] = dev
@@ -144,10 +162,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    tr = terminalreporter
+    built = [e for e in registry.built() if e.name != "mirror"]
+    if built:
+        tr.section("k3-numerics engines: how each was bound")
+        for e in built:
+            tr.write_line(f"{e.name} {e.version}: {e.mode}" + (f" ({e.mode_note})" if e.mode_note else ""))
     summary = COLLECTOR.summary()
     if summary.empty:
         return
-    tr = terminalreporter
     tr.section("k3-numerics drift: worst err/budget ratio per engine and subject")
     tr.write_line(summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     written = getattr(config, "_k3num_csv", None)
@@ -156,16 +179,17 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from engines import installed
     from engines.fetch import PINS
 
-    # the mode the real engines' Triton kernels run in on this machine (engines/*_engine.py build())
-    mode = "source-gpu" if torch.cuda.is_available() else "source-interpreter"
     for item in items:  # known divergences: strict xfail, so an upstream fix turns the case red
         callspec = getattr(item, "callspec", None)
         name = callspec.params.get("engine") if callspec else None
         if name is None:
             continue
         pin = PINS.get(name.split("-")[0])
+        # the mode the engine's build takes here (ledger entries can be limited to modes)
+        mode = installed.expected_mode(pin.engine) if pin else "reference"
         entry = ledger.lookup(name, pin.version if pin else "", getattr(item, "originalname", item.name), mode)
         if entry is not None:
             item.add_marker(pytest.mark.xfail(strict=True, reason=f"{entry.id} ({entry.upstream}): {entry.what}"))

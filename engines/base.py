@@ -67,8 +67,10 @@ class Engine:
     """An implementation under test.
 
     mode: how its code runs ("reference" for our mirror; "import", "source-gpu",
-    "source-interpreter" for real engines). real_ops: which compiled ops were
-    the engine's own ("" when none are involved). source_sha256: subject name ->
+    "source-interpreter", "source-lifted" for real engines; engines.installed says
+    when import mode is taken). mode_note: why a real engine is not in import mode
+    ("" when it is, or for the mirror). real_ops: which compiled ops were the
+    engine's own and which were stand-ins ("" when none are involved). source_sha256: subject name ->
     sha256 of the source file it came from. missing: subject name -> why it is
     not provided (so a skip always carries a reason).
     """
@@ -86,6 +88,7 @@ class Engine:
     rounding: str = "nearest"  # the mode of storage_rounding, for oracles.budgets.unit_roundoff
     # engine-specific contracts outside the subject interfaces (e.g. vLLM's weight loading)
     extras: dict[str, Any] = field(default_factory=dict)
+    mode_note: str = ""
 
     def subject(self, name: str) -> Subject:
         if name not in SUBJECTS:

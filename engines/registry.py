@@ -50,6 +50,11 @@ def get(name: str) -> Engine:
     return _CACHE[name]
 
 
+def built() -> list[Engine]:
+    """The engines `get` has built so far in this process."""
+    return list(_CACHE.values())
+
+
 def build(name: str) -> Engine:
     """A fresh engine, not cached (what `get` caches); EngineUnavailable says why it cannot be built."""
     _load_builtin()

@@ -1,6 +1,9 @@
-"""SGLang 0.5.23's real code as subjects, in source mode (BRIEF §4).
+"""SGLang 0.5.23's real code as subjects (BRIEF §4).
 
-Bound so far:
+Import mode (engines.installed: SGLang 0.5.23 installed, CUDA): the installed
+modules' kernels and functions, the lifted DFlash methods with their module's
+globals; the layer objects the adapter passes in stay stand-ins (named in
+`real_ops`). Source mode otherwise:
 - `sglang/srt/layers/attn_residual.py`: `aggregate_stream` (ATTN_RES_MIX: the public
   entry point, which takes the Triton pair when H is a multiple of 1024 and the eager
   path otherwise), `_mix_fused` (ATTN_RES_MIX_TRITON: `_score_kernel` + `_combine_kernel`),
@@ -25,7 +28,7 @@ from typing import Any, List, Tuple
 
 import torch
 
-from engines import base, fetch, source, standins
+from engines import base, fetch, installed, source, standins
 from engines.registry import EngineUnavailable
 
 PIN = fetch.PINS["sglang"]
@@ -34,14 +37,25 @@ NOT_YET = ("not in SGLang 0.5.23's bound files (the PP partial projection is the
            "the MLA context KV is vLLM's and TokenSpeed's)")
 
 
+IMPORT_MODULES = ("sglang/srt/layers/attn_residual.py", "sglang/kernels/ops/speculative/dspark/fused_kv_write.py",
+                  "sglang/srt/models/dflash.py", UTILS_PY)
+IMPORT_STANDINS = ("real: the installed kernels and functions; stand-in: the RMSNorm and ReplicatedLinear layer "
+                   "objects passed in (fp32 math, one rounding; torch linear), DFlash's fc, "
+                   "can_dflash_slice_qkv_weight -> (True, None) (unquantized weights)")
+PAIRS_SIGNATURE = ["src_layer_ids", "dst_layer_ids", "n_src", "n_dst", "allow_positional_fallback"]
+
+
 def build() -> base.Engine:
     root = fetch.source_dir("sglang")
+    inst, note = installed.select("sglang", IMPORT_MODULES, ())
+    if inst is not None:
+        return _build_imported(inst)
     if not fetch.manifest("sglang"):
         raise EngineUnavailable(f"sglang {PIN.version} source is not in {root}: run `k3num fetch sglang`")
     path = root / UTILS_PY
     try:
         got = source.signature_of(path, "build_transfer_entry_pairs")
-        if got != ["src_layer_ids", "dst_layer_ids", "n_src", "n_dst", "allow_positional_fallback"]:
+        if got != PAIRS_SIGNATURE:
             raise source.SourceError(f"build_transfer_entry_pairs signature changed: {got}")
         pairs = source.lift(path, "build_transfer_entry_pairs", {"deque": deque, "List": List, "Tuple": Tuple})
     except source.SourceError as e:
@@ -54,26 +68,43 @@ def build() -> base.Engine:
     mod = _load_attn_residual(root / ATTN_PY, interpret)
     fkw = _load_plain_triton(root / FKW_PY, interpret, "fused_kv_write")
     try:
-        unsharded, kv_only = _bind_dflash(root)
+        unsharded, kv_only = _bind_dflash(root / DFLASH_PY, {"torch": torch})
     except source.SourceError as e:
         raise EngineUnavailable(f"sglang {PIN.version}: {e}") from e
+    m = fetch.manifest("sglang")
+    return _engine(fetch.version_label("sglang"), "source-interpreter" if interpret else "source-gpu", STANDINS,
+                   mod, fkw, pairs, unsharded, kv_only, lambda rel: m[rel], interpret, note)
+
+
+def _build_imported(inst: installed.Installed) -> base.Engine:
+    try:
+        if source.signature_of(inst.file(UTILS_PY), "build_transfer_entry_pairs") != PAIRS_SIGNATURE:
+            raise source.SourceError("build_transfer_entry_pairs signature changed")
+        unsharded, kv_only = _bind_dflash(inst.file(DFLASH_PY), inst.namespace(DFLASH_PY, {}))
+        pairs = inst.module(UTILS_PY).build_transfer_entry_pairs
+    except (source.SourceError, AttributeError) as e:
+        raise EngineUnavailable(f"sglang {inst.version} (installed): {e}") from e
+    return _engine(inst.version, "import", IMPORT_STANDINS, inst.module(ATTN_PY), inst.module(FKW_PY), pairs,
+                   unsharded, kv_only, inst.sha256, False, "")
+
+
+def _engine(version: str, mode: str, real_ops: str, mod: Any, fkw: Any, pairs: Any, unsharded: Any, kv_only: Any,
+            sha: Any, interpret: bool, note: str) -> base.Engine:
     subjects = {base.DRAFT_CONTEXT_KV: _draft_kv_subject(fkw.fused_kv_norm_rope_write, kv_only),
                 base.PROJECT_UNSHARDED: unsharded,
                 base.ATTN_RES_MIX: _mix_subject(mod.aggregate_stream, dispatches=True, interpret=interpret),
                 base.ATTN_RES_MIX_TRITON: _mix_subject(mod._mix_fused, triton_only=True, interpret=interpret),
                 base.ATTN_RES_MIX_EAGER: _mix_subject(mod.aggregate_stream_torch)}
-    m = fetch.manifest("sglang")
     return base.Engine(
-        name="sglang", version=fetch.version_label("sglang"), mode="source-interpreter" if interpret else "source-gpu",
-        subjects=subjects, real_ops=STANDINS,
-        source_sha256={**{s: m[ATTN_PY] for s in subjects}, base.DRAFT_CONTEXT_KV: m[FKW_PY],
-                       base.PROJECT_UNSHARDED: m[DFLASH_PY], "transfer_pairs": m[UTILS_PY]},
+        name="sglang", version=version, mode=mode, subjects=subjects, real_ops=real_ops,
+        source_sha256={**{s: sha(ATTN_PY) for s in subjects}, base.DRAFT_CONTEXT_KV: sha(FKW_PY),
+                       base.PROJECT_UNSHARDED: sha(DFLASH_PY), "transfer_pairs": sha(UTILS_PY)},
         missing={s: NOT_YET for s in base.SUBJECTS if s not in subjects},
         # the raw write kernel is for bench/engine_kernels.py (its bandwidth without the K/V GEMMs);
         # the eager path rounds the normed rows and the scores to bf16 before its softmax
         extras={"transfer_pairs": pairs, "fused_kv_norm_rope_write": fkw.fused_kv_norm_rope_write,
                 "logit_dtype": {base.ATTN_RES_MIX_EAGER: torch.bfloat16, base.ATTN_RES_MIX: _dispatched_logit_dtype}},
-        storage_rounding=None, rounding="toward_zero" if interpret else "nearest",
+        storage_rounding=None, rounding="toward_zero" if interpret else "nearest", mode_note=note,
     )
 
 
@@ -111,16 +142,17 @@ class _FC:
         return torch.nn.functional.linear(x, self.weight)
 
 
-def _bind_dflash(root: Path) -> tuple[Any, Any]:
-    path = root / DFLASH_PY
+def _bind_dflash(path: Path, namespace: dict[str, Any]) -> tuple[Any, Any]:
+    """DFlash `project_target_hidden` and `kv_proj_only` lifted from `path` with `namespace` (torch in
+    source mode, the module's globals in import mode)."""
     for qual, want in (("DFlashDraftModel.project_target_hidden", ["self", "target_hidden"]),
                        ("DFlashAttention.kv_proj_only", ["self", "hidden_states"])):
         got = source.signature_of(path, qual)
         if got != want:
             raise source.SourceError(f"{qual} signature changed: {got}")
-    project = source.lift(path, "DFlashDraftModel.project_target_hidden", {"torch": torch})
+    project = source.lift(path, "DFlashDraftModel.project_target_hidden", namespace)
     kv_only = source.lift(path, "DFlashAttention.kv_proj_only", {
-        "torch": torch, "F": torch.nn.functional,
+        "F": torch.nn.functional, **namespace,
         # unquantized weights: the fast path that slices the fused QKV weight
         "can_dflash_slice_qkv_weight": lambda proj: (True, None),
     })

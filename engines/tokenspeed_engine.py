@@ -1,7 +1,9 @@
-"""TokenSpeed 0.1.1's real K3 DSpark PP projection code as subjects, in source mode (BRIEF §4).
+"""TokenSpeed 0.1.1's real K3 DSpark PP projection code as subjects (BRIEF §4).
 
-Lifted from the fetched, hash-checked wheel files and run on stand-in models
-that carry real weights:
+Lifted from the fetched, hash-checked wheel files (source mode) or, where
+TokenSpeed 0.1.1 is installed on a CUDA machine, from the installed files with
+their modules' own globals (import mode: the real `apply_k_rope` and
+`segmented_rmsnorm`), and run on stand-in models that carry real weights:
 - `K3DSparkModel.project_target_tap` (one owned tap's column block of the stage's
   context_proj, looked up by its LOCAL index) and `DSparkContextProducer.add_capture`
   (adds it into the float32 pipeline accumulator) make STAGE_PARTIAL: a stage's taps
@@ -29,7 +31,7 @@ from typing import Any
 
 import torch
 
-from engines import base, fetch, source, standins
+from engines import base, fetch, installed, source, standins
 from engines.mirror.context_kv import rope_cache
 from engines.registry import EngineUnavailable
 
@@ -59,32 +61,39 @@ def _model(taps_hidden: int, fc: torch.Tensor, local: tuple[int, ...], norm: sta
     return m
 
 
+IMPORT_OPS = ("real: tokenspeed_kernel apply_k_rope, segmented_rmsnorm (the installed modules' globals); stand-in: "
+              "ReplicatedLinear (torch linear), RMSNorm layer (fp32 math, one rounding)")
+
+
 def build() -> base.Engine:
     root = fetch.source_dir("tokenspeed")
-    if not fetch.manifest("tokenspeed"):
+    inst, note = installed.select("tokenspeed", (MODEL_PY, CONTEXT_PY), ())
+    if inst is None and not fetch.manifest("tokenspeed"):
         raise EngineUnavailable(f"tokenspeed {PIN.version} source is not in {root}: run `k3num fetch tokenspeed`")
+    files = inst.root if inst else root
+    model_py, context_py = files / MODEL_PY, files / CONTEXT_PY
+    # globals of the lifted code: the installed modules' own, or torch and stand-ins for the kernels
+    model_ns = inst.namespace(MODEL_PY, {}) if inst else {"torch": torch, "segmented_rmsnorm": None,
+                                                           "apply_k_rope": _apply_k_rope}
+    context_ns = inst.namespace(CONTEXT_PY, {}) if inst else {"torch": torch}
     try:
         for qual, want in (("K3DSparkModel.project_target_tap", ["self", "capture_idx", "hidden"]),
                            ("K3DSparkModel.finalize_target_projection", ["self", "projected"]),
                            ("K3DSparkModel.project_target_hidden", ["self", "target_hidden"])):
-            got = source.signature_of(root / MODEL_PY, qual)
+            got = source.signature_of(model_py, qual)
             if got != want:
                 raise source.SourceError(f"{qual} signature changed: {got}")
-        ns = {"torch": torch}
         lifted = {
-            "tap": source.lift(root / MODEL_PY, "K3DSparkModel.project_target_tap", ns),
-            "finalize": source.lift(root / MODEL_PY, "K3DSparkModel.finalize_target_projection", ns),
-            "hidden": source.lift(root / MODEL_PY, "K3DSparkModel.project_target_hidden",
-                                  {**ns, "segmented_rmsnorm": None}),
-            "add": source.lift(root / CONTEXT_PY, "DSparkContextProducer.add_capture", ns),
+            "tap": source.lift(model_py, "K3DSparkModel.project_target_tap", model_ns),
+            "finalize": source.lift(model_py, "K3DSparkModel.finalize_target_projection", model_ns),
+            "hidden": source.lift(model_py, "K3DSparkModel.project_target_hidden", model_ns),
+            "add": source.lift(context_py, "DSparkContextProducer.add_capture", context_ns),
         }
+        owner = source.lift(model_py, "_context_tap_owner_layer", model_ns)
+        latent_kv = source.lift(model_py, "K3DSparkAttention.project_latent_kv", model_ns)
+        latent_rope = source.lift(model_py, "K3DSparkAttention.apply_latent_rope", model_ns)
     except source.SourceError as e:
         raise EngineUnavailable(f"tokenspeed {PIN.version}: {e}") from e
-
-    owner = source.lift(root / MODEL_PY, "_context_tap_owner_layer", {})
-    latent_kv = source.lift(root / MODEL_PY, "K3DSparkAttention.project_latent_kv", {"torch": torch})
-    latent_rope = source.lift(root / MODEL_PY, "K3DSparkAttention.apply_latent_rope",
-                              {"torch": torch, "apply_k_rope": _apply_k_rope})
 
     def context_kv(x: torch.Tensor, fused_w: torch.Tensor, norm: torch.Tensor, positions: torch.Tensor,
                    rope: Any, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,13 +143,14 @@ def build() -> base.Engine:
         model = _model(h, fc, tuple(range(k)), standins.RMSNorm(norm, eps), lifted)
         return lifted["hidden"](model, taps.permute(1, 0, 2).reshape(n, k * h))
 
-    m = fetch.manifest("tokenspeed")
+    sha = inst.sha256(MODEL_PY) if inst else fetch.manifest("tokenspeed")[MODEL_PY]
     return base.Engine(
-        name="tokenspeed", version=fetch.version_label("tokenspeed"), mode="source-lifted", real_ops=STANDIN_OPS,
+        name="tokenspeed", version=inst.version if inst else fetch.version_label("tokenspeed"),
+        mode="import" if inst else "source-lifted", real_ops=IMPORT_OPS if inst else STANDIN_OPS, mode_note=note,
         subjects={base.STAGE_PARTIAL: stage_partial, base.FINALIZE_PROJECTION: finalize,
                   base.PROJECT_UNSHARDED: unsharded, base.CONTEXT_KV_UNFUSED: context_kv},
-        source_sha256={base.STAGE_PARTIAL: m[MODEL_PY], base.FINALIZE_PROJECTION: m[MODEL_PY],
-                       base.PROJECT_UNSHARDED: m[MODEL_PY], base.CONTEXT_KV_UNFUSED: m[MODEL_PY]},
+        source_sha256={s: sha for s in (base.STAGE_PARTIAL, base.FINALIZE_PROJECTION, base.PROJECT_UNSHARDED,
+                                        base.CONTEXT_KV_UNFUSED)},
         # the roundings inside the sharded path that the property's budget must count (model.py):
         # project_target_tap returns linear(hidden, weight) in the weight dtype, one bf16 rounding per
         # tap, summed into the fp32 stage accumulator; finalize_target_projection casts the fp32 sum to

@@ -1,6 +1,11 @@
-"""vLLM 0.33.0's real K3 code as subjects, in source mode (BRIEF §4).
+"""vLLM 0.33.0's real K3 code as subjects (BRIEF §4).
 
-Bound from the fetched, hash-checked wheel files:
+Import mode (engines.installed: vLLM 0.33.0 installed, CUDA, its compiled ops
+registered): the installed modules are bound, the lifted methods run with their
+own module's globals (the real `ops`, the real attn_res kernel), and only the
+server's runtime state is replaced (the pipeline group, the workspace manager;
+the model namespace that carries the test's weights and caches). Source mode
+otherwise, bound from the fetched, hash-checked wheel files:
 - ATTN_RES: `vllm/models/kimi_k3/nvidia/ops/attn_res.py::attn_res` (Triton). On a CUDA
   machine the file is loaded as a module and Triton compiles the kernel (mode
   source-gpu); elsewhere it runs under TRITON_INTERPRET=1 (source-interpreter).
@@ -38,7 +43,7 @@ from typing import Any
 
 import torch
 
-from engines import base, fetch, source, standins
+from engines import base, fetch, installed, source, standins
 from engines.mirror.context_kv import rope_cache
 from engines.registry import EngineUnavailable
 from refmodel.geometry import RopeSpec
@@ -48,7 +53,13 @@ ATTN_RES_PY = "vllm/models/kimi_k3/nvidia/ops/attn_res.py"
 MODEL_PY = "vllm/models/kimi_k3/nvidia/model.py"
 DSPARK_PY = "vllm/models/kimi_k3/nvidia/dspark_mla.py"
 UTILS_PY = "vllm/model_executor/models/utils.py"
+CUSTOM_OPS_PY = "vllm/_custom_ops.py"
 STANDIN_OPS = "stand-in: ops.rms_norm, ops.rotary_embedding, concat_and_cache_mla_grouped, do_kv_cache_update"
+IMPORT_OPS = ("real: ops.rms_norm, ops.rotary_embedding, concat_and_cache_mla_grouped; stand-in: "
+              "do_kv_cache_update (the attention backend's per-layer write, taken when a layer has no slots)")
+# what import mode binds, and the compiled ops the bound code calls (vllm/_custom_ops.py)
+IMPORT_MODULES = (ATTN_RES_PY, MODEL_PY, DSPARK_PY, UTILS_PY, CUSTOM_OPS_PY)
+IMPORT_CUDA_OPS = (("_C", "rms_norm"), ("_C", "rotary_embedding"), ("_C_cache_ops", "concat_and_cache_mla_grouped"))
 
 
 def require_interpreter() -> None:
@@ -147,39 +158,53 @@ class _CpuSafeTorch:
         return getattr(torch, name)
 
 
-def _workspace_manager() -> Any:
-    class _WS:
-        @staticmethod
-        def get_simultaneous(*specs: tuple[tuple[int, ...], torch.dtype]) -> tuple[torch.Tensor, ...]:
-            return tuple(torch.empty(shape, dtype=dtype) for shape, dtype in specs)
+class _Workspace:
+    """Stand-in for vLLM's workspace manager (runtime state): fresh buffers on the call's device."""
 
-    return _WS()
+    device: torch.device | str = "cpu"
+
+    def get_simultaneous(self, *specs: tuple[tuple[int, ...], torch.dtype]) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in specs)
 
 
-def _bind_precompute(root: Path) -> Any:
-    path = root / DSPARK_PY
-    grouped = source.lift_value(path, "_GROUPED_KV_CACHE_DTYPES", {})
+class _RecordingOps:
+    """The `ops` the lifted method sees: `impl`'s ops (the real module, or stand-ins), recording the
+    outputs the subject returns (the normed kv_c, the rotated k_pe)."""
+
+    def __init__(self, impl: Any, captured: dict[str, torch.Tensor]) -> None:
+        self._impl, self._captured = impl, captured
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._impl, name)
+
+    def rms_norm(self, out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+        self._impl.rms_norm(out, x, weight, eps)
+        self._captured["kv_c"] = out
+
+    def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox) -> None:
+        self._impl.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+        self._captured["k_pe"] = query
+
+
+def _bind_precompute(path: Path, namespace: dict[str, Any] | None, real_ops: Any | None) -> Any:
+    """CONTEXT_KV_FUSED from `path`: in source mode (namespace None) with stand-in ops; in import mode
+    with the module's own globals and its compiled `real_ops`."""
     captured: dict[str, torch.Tensor] = {}
-
-    def rms_norm(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-        standins.rms_norm_into(out, x, weight, eps)
-        captured["kv_c"] = out
-
-    def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
-        _rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
-        captured["k_pe"] = query
-
     caches_by_ptr: dict[int, torch.Tensor] = {}
 
-    def concat_and_cache_mla_grouped(kv_c, k_pe, cache_ptrs, slot_mapping, block_size, s0, s1, scales, dtype):
+    def grouped_standin(kv_c, k_pe, cache_ptrs, slot_mapping, block_size, s0, s1, scales, dtype):
         for layer, ptr in enumerate(cache_ptrs.tolist()):
             standins.write_slots(caches_by_ptr[ptr], kv_c[layer], k_pe[layer], slot_mapping[layer])
-        captured["path"] = torch.tensor(1)
 
-    ops = types.SimpleNamespace(rms_norm=rms_norm, rotary_embedding=rotary_embedding,
-                                concat_and_cache_mla_grouped=concat_and_cache_mla_grouped)
-    ns = {"torch": _CpuSafeTorch(), "ops": ops, "current_workspace_manager": _workspace_manager,
-          "_GROUPED_KV_CACHE_DTYPES": grouped}
+    if namespace is None:
+        impl: Any = types.SimpleNamespace(rms_norm=standins.rms_norm_into, rotary_embedding=_rotary_embedding,
+                                          concat_and_cache_mla_grouped=grouped_standin)
+        namespace = {"torch": _CpuSafeTorch(), "_GROUPED_KV_CACHE_DTYPES": source.lift_value(
+            path, "_GROUPED_KV_CACHE_DTYPES", {})}
+    else:
+        impl = real_ops
+    workspace = _Workspace()
+    ns = {**namespace, "ops": _RecordingOps(impl, captured), "current_workspace_manager": lambda: workspace}
     precompute = source.lift(path, "K3DSparkModel._precompute_fused_context_kv", ns)
     uniform = source.lift(path, "K3DSparkModel._has_uniform_block_layout", ns)
     ptrs = source.lift(path, "K3DSparkModel._get_context_kv_cache_ptrs", ns)
@@ -225,6 +250,7 @@ def _bind_precompute(root: Path) -> Any:
             else:  # per-layer: a layer whose slots are all skipped is passed as None
                 mapping = [None if bool((row < 0).all()) else row for row in slot_mapping]
         captured.clear()
+        workspace.device = x.device
         precompute(self_ns, x, positions, mapping)
         kv_c = captured["kv_c"]
         k_pe = captured["k_pe"].view(num_layers, x.shape[0], width - kv_lora)
@@ -233,14 +259,14 @@ def _bind_precompute(root: Path) -> Any:
     return fused
 
 
-def _bind_capture(root: Path, attn_res: Any) -> Any:
-    path = root / MODEL_PY
+def _bind_capture(path: Path, namespace: dict[str, Any]) -> Any:
+    """AUX_CAPTURE from `path` with `namespace` (source mode: torch and the loaded attn_res kernel;
+    import mode: the module's own globals); the pipeline group is runtime state, replaced in both."""
     got = source.signature_of(path, "KimiLinearModel._capture_aux_hidden_stream")
     if got != ["self", "layer_idx", "prefix_sum", "pending_mlp_out", "block_residual"]:
         raise source.SourceError(f"_capture_aux_hidden_stream signature changed: {got}")
     pp = {"is_last_rank": True}
-    ns = {"torch": torch, "attn_res": attn_res,
-          "get_pp_group": lambda: types.SimpleNamespace(is_last_rank=pp["is_last_rank"])}
+    ns = {**namespace, "get_pp_group": lambda: types.SimpleNamespace(is_last_rank=pp["is_last_rank"])}
     lifted = source.lift(path, "KimiLinearModel._capture_aux_hidden_stream", ns)
 
     def capture(layer_idx, prefix_sum, pending, bank, *, enabled, weights, block_size, end_layer, num_layers,
@@ -289,6 +315,9 @@ def _bind_weight_loading(root: Path) -> Any:
 
 def build() -> base.Engine:
     root = fetch.source_dir("vllm")
+    inst, note = installed.select("vllm", IMPORT_MODULES, IMPORT_CUDA_OPS)
+    if inst is not None:
+        return _build_imported(inst)
     if not fetch.manifest("vllm"):
         raise EngineUnavailable(f"vllm {PIN.version} source is not in {root}: run `k3num fetch vllm`")
     interpret = not torch.cuda.is_available()
@@ -299,26 +328,50 @@ def build() -> base.Engine:
         attn_res = _load_attn_res(root / ATTN_RES_PY, interpret)
         subjects: dict[str, base.Subject] = {
             base.ATTN_RES: attn_res,
-            base.AUX_CAPTURE: _bind_capture(root, attn_res),
-            base.CONTEXT_KV_FUSED: _bind_precompute(root),
+            base.AUX_CAPTURE: _bind_capture(root / MODEL_PY, {"torch": torch, "attn_res": attn_res}),
+            base.CONTEXT_KV_FUSED: _bind_precompute(root / DSPARK_PY, None, None),
         }
         loading = _bind_weight_loading(root)
     except source.SourceError as e:
         raise EngineUnavailable(f"vllm {PIN.version}: {e}") from e
     m = fetch.manifest("vllm")
     sha = {base.ATTN_RES: m[ATTN_RES_PY], base.AUX_CAPTURE: m[MODEL_PY], base.CONTEXT_KV_FUSED: m[DSPARK_PY]}
-    missing = {
-        base.CONTEXT_KV_UNFUSED: "vLLM 0.33.0 has only the fused path (the unfused one was removed)",
-        base.STAGE_PARTIAL: "vLLM 0.33.0 has no PP partial projection",
-        base.FINALIZE_PROJECTION: "vLLM 0.33.0 has no PP partial projection",
-        base.PROJECT_UNSHARDED: "not bound from vLLM",
-        base.DRAFT_CONTEXT_KV: "not bound from vLLM",
-    }
     return base.Engine(
         name="vllm", version=fetch.version_label("vllm"), mode=mode, subjects=subjects, real_ops=STANDIN_OPS,
-        source_sha256=sha, missing=missing,
+        source_sha256=sha, missing=MISSING,
         storage_rounding=truncate_to_bf16 if interpret else None,
-        rounding="toward_zero" if interpret else "nearest", extras={"weight_loading": loading},
+        rounding="toward_zero" if interpret else "nearest", extras={"weight_loading": loading}, mode_note=note,
+    )
+
+
+MISSING = {
+    base.CONTEXT_KV_UNFUSED: "vLLM 0.33.0 has only the fused path (the unfused one was removed)",
+    base.STAGE_PARTIAL: "vLLM 0.33.0 has no PP partial projection",
+    base.FINALIZE_PROJECTION: "vLLM 0.33.0 has no PP partial projection",
+    base.PROJECT_UNSHARDED: "not bound from vLLM",
+    base.DRAFT_CONTEXT_KV: "not bound from vLLM",
+}
+
+
+def _build_imported(inst: installed.Installed) -> base.Engine:
+    """Import mode: the installed modules, their compiled ops, the server's runtime state replaced."""
+    dspark = inst.module(DSPARK_PY)
+    try:
+        subjects: dict[str, base.Subject] = {
+            base.ATTN_RES: inst.module(ATTN_RES_PY).attn_res,
+            base.AUX_CAPTURE: _bind_capture(inst.file(MODEL_PY), inst.namespace(MODEL_PY, {})),
+            base.CONTEXT_KV_FUSED: _bind_precompute(inst.file(DSPARK_PY), inst.namespace(DSPARK_PY, {}),
+                                                    inst.module(CUSTOM_OPS_PY)),
+        }
+        loading = types.SimpleNamespace(duplicate=dspark._duplicate_context_kv_weights,
+                                        mapper=dspark.K3DSparkForCausalLM.hf_to_vllm_mapper)
+    except (source.SourceError, AttributeError) as e:
+        raise EngineUnavailable(f"vllm {inst.version} (installed): {e}") from e
+    sha = {base.ATTN_RES: inst.sha256(ATTN_RES_PY), base.AUX_CAPTURE: inst.sha256(MODEL_PY),
+           base.CONTEXT_KV_FUSED: inst.sha256(DSPARK_PY)}
+    return base.Engine(
+        name="vllm", version=inst.version, mode="import", subjects=subjects, real_ops=IMPORT_OPS,
+        source_sha256=sha, missing=MISSING, extras={"weight_loading": loading},
     )
 
 
@@ -360,8 +413,9 @@ def _mixin_maybe_add_hidden_state(self: Any, aux: list, layer_idx: int, hidden_s
     return aux
 
 
-def _bind_rocm_capture(root: Path) -> Any:
-    path = root / AMD_LINEAR_PY
+def _bind_rocm_capture(path: Path, module: types.ModuleType | None = None) -> Any:
+    """The ROCm tap from amd/linear.py's `_maybe_add_hidden_state`, lifted; its `super()` call goes to
+    the Eagle mixin's method: our stand-in in source mode, the real class's in import mode (`module`)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     classes = [n for n in tree.body if isinstance(n, ast.ClassDef)
                and any(isinstance(b, ast.FunctionDef) and b.name == "_maybe_add_hidden_state" for b in n.body)]
@@ -370,8 +424,15 @@ def _bind_rocm_capture(root: Path) -> Any:
     fn = next(b for b in classes[0].body if isinstance(b, ast.FunctionDef) and b.name == "_maybe_add_hidden_state")
     fn.decorator_list = []
     fn = ast.fix_missing_locations(_SuperToMixin().visit(fn))
-    glb: dict[str, Any] = {"torch": torch, "_mixin__maybe_add_hidden_state": _mixin_maybe_add_hidden_state,
-                           "__builtins__": __builtins__}
+    mixin: Any = _mixin_maybe_add_hidden_state
+    if module is not None:
+        cls = getattr(module, classes[0].name)
+        mixin = next((c.__dict__["_maybe_add_hidden_state"] for c in cls.__mro__[1:]
+                      if "_maybe_add_hidden_state" in c.__dict__), None)
+        if mixin is None:
+            raise source.SourceError(f"{classes[0].name}: no base class defines _maybe_add_hidden_state")
+    glb: dict[str, Any] = {**(vars(module) if module is not None else {"torch": torch}),
+                           "_mixin__maybe_add_hidden_state": mixin, "__builtins__": __builtins__}
     exec(compile(ast.Module(body=[fn], type_ignores=[]), str(path), "exec"), glb)
     lifted = glb["_maybe_add_hidden_state"]
 
@@ -389,8 +450,26 @@ def _bind_rocm_capture(root: Path) -> Any:
     return capture
 
 
+ROCM_MISSING = {s: "the ROCm path binds only attn_res and the aux tap" for s in base.SUBJECTS
+                if s not in (base.ATTN_RES, base.AUX_CAPTURE)}
+
+
 def build_rocm() -> base.Engine:
     root = fetch.source_dir("vllm")
+    # the ROCm kernels are Triton and the tap is Python: no compiled op to require
+    inst, note = installed.select("vllm", (AMD_ATTN_RES_PY, AMD_LINEAR_PY), ())
+    if inst is not None:
+        try:
+            subjects = {base.ATTN_RES: inst.module(AMD_ATTN_RES_PY).attn_res,
+                        base.AUX_CAPTURE: _bind_rocm_capture(inst.file(AMD_LINEAR_PY), inst.module(AMD_LINEAR_PY))}
+        except (source.SourceError, AttributeError) as e:
+            raise EngineUnavailable(f"vllm-rocm {inst.version} (installed): {e}") from e
+        return base.Engine(
+            name="vllm-rocm", version=inst.version, mode="import", subjects=subjects,
+            real_ops="real: the Eagle mixin's _maybe_add_hidden_state",
+            source_sha256={base.ATTN_RES: inst.sha256(AMD_ATTN_RES_PY), base.AUX_CAPTURE: inst.sha256(AMD_LINEAR_PY)},
+            missing=ROCM_MISSING,
+        )
     if not fetch.manifest("vllm"):
         raise EngineUnavailable(f"vllm {PIN.version} source is not in {root}: run `k3num fetch vllm`")
     interpret = not torch.cuda.is_available()
@@ -398,7 +477,7 @@ def build_rocm() -> base.Engine:
         require_interpreter()
     try:
         subjects = {base.ATTN_RES: _load_amd_attn_res(root / AMD_ATTN_RES_PY, interpret),
-                    base.AUX_CAPTURE: _bind_rocm_capture(root)}
+                    base.AUX_CAPTURE: _bind_rocm_capture(root / AMD_LINEAR_PY)}
     except source.SourceError as e:
         raise EngineUnavailable(f"vllm-rocm {PIN.version}: {e}") from e
     m = fetch.manifest("vllm")
@@ -406,7 +485,7 @@ def build_rocm() -> base.Engine:
         name="vllm-rocm", version=fetch.version_label("vllm"), mode="source-interpreter" if interpret else "source-gpu",
         subjects=subjects, real_ops=ROCM_STANDINS,
         source_sha256={base.ATTN_RES: m[AMD_ATTN_RES_PY], base.AUX_CAPTURE: m[AMD_LINEAR_PY]},
-        missing={s: "the ROCm path binds only attn_res and the aux tap" for s in base.SUBJECTS
-                 if s not in (base.ATTN_RES, base.AUX_CAPTURE)},
+        missing=ROCM_MISSING,
         storage_rounding=truncate_to_bf16 if interpret else None, rounding="toward_zero" if interpret else "nearest",
+        mode_note=note,
     )

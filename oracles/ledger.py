@@ -68,7 +68,7 @@ LEDGER: tuple[Divergence, ...] = (
                    "with_output_norm=False, seed=0, scale=0.01, outliers=30.0): ratio 139.7 on the first call, "
                    "within budget on the re-run (H200, triton 3.6.0); scripts/repro_attn_res_write_race.py counts it",
         upstream="none found (not reported yet)",
-        modes=("source-gpu",),
+        modes=("source-gpu", "import"),
     ),
     Divergence(
         id="K3N-005", engine="vllm-rocm", version="0.33.0", subject="attn_res",
@@ -78,7 +78,7 @@ LEDGER: tuple[Divergence, ...] = (
                    "with_output_norm=False, seed=7, scale=1.0, outliers=30.0): 64 of 200 calls over budget (worst "
                    "ratio 86), 3 distinct outputs (scripts/repro_attn_res_write_race.py, H200)",
         upstream="none found (not reported yet)",
-        modes=("source-gpu",),
+        modes=("source-gpu", "import"),
     ),
     Divergence(
         id="K3N-006", engine="tokenspeed", version="0.1.1", subject="finalize_projection",

@@ -20,6 +20,12 @@ EPS, OUT_EPS = 1e-5, 1e-6
 # each write-inside-the-mix case is run this many times: the GPU race of K3N-004/005 shows on a
 # fraction of calls (3.5-40% on the H200), and a strict xfail must not pass by luck on short profiles
 WRITE_REPEATS = 4
+# K3N-007's reproducer: the ROCm kernel's outputs vary from call to call on the H200 (49 of 300 calls
+# over budget); the accuracy property runs this explicit example FLAKY_REPEATS times, so its strict
+# xfail fails with probability 1 - (251/300)**32 > 0.99 instead of passing by luck
+K3N_007 = AttnResCase(tokens=1, hidden=128, bank=4, num_blocks=4, block_write_idx=-1, with_delta=True,
+                      with_output_norm=True, seed=0, scale=0.01, outliers=30.0)
+FLAKY_REPEATS = 32
 
 
 def _call(engine, inp: AttnResInputs, case: AttnResCase) -> torch.Tensor:
@@ -42,12 +48,14 @@ def mixture_budget(out_ref: torch.Tensor, sources: torch.Tensor, q: torch.Tensor
 
 
 @given(case=attn_res_cases())
+@example(case=K3N_007)  # K3N-007 (GPU, vllm-rocm)
 def test_attn_res_within_rounding_budget_of_oracle(engine, case: AttnResCase) -> None:
     """The calls the model makes: no bank write, or a write at or past num_blocks (the decoder layer
     writes the completed block at index num_blocks), so the written row is not a source."""
     if 0 <= case.block_write_idx < case.num_blocks:
         case = dataclasses.replace(case, block_write_idx=case.num_blocks if case.num_blocks < case.bank else -1)
-    check_attn_res_within_rounding_budget(engine, case, DEVICE)
+    for attempt in range(FLAKY_REPEATS if case == K3N_007 else 1):  # fresh inputs each time
+        check_attn_res_within_rounding_budget(engine, case, DEVICE, climb=attempt == 0)
 
 
 @given(case=attn_res_cases())

@@ -14,8 +14,10 @@
 #                  writes its CSV and junit, and exits non-zero); default none
 #   K3NUM_SUITE    what to run: "properties" (default), or a path/-m expression passed to pytest,
 #                  e.g. "properties -m gpu" for the K3-shape properties alone
-# Runs with the python on PATH (a GPU box has torch with CUDA; no venv is created). Exits
-# non-zero when any engine's run failed; every engine's log stays in OUT_DIR.
+# The jobs are spread over the visible GPUs round robin (CUDA_VISIBLE_DEVICES, when set, lists
+# them); each job sees one GPU, as cuda:0. Runs with the python on PATH (a GPU box has torch with
+# CUDA; no venv is created). Exits non-zero when any engine's run failed; every engine's log stays
+# in OUT_DIR.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${1:-$root/out/nightly}
@@ -34,12 +36,22 @@ declare -A pids
 read -r -a joblist <<< "$engines"
 threads=$(( $(nproc) / ${#joblist[@]} )); [ "$threads" -ge 1 ] || threads=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads}
+# the jobs are spread over the visible GPUs round robin; each sees its GPU as cuda:0
+read -r -a gpus <<< "$(python -c "import os, torch
+v = os.environ.get('CUDA_VISIBLE_DEVICES', '').strip()
+ids = [x.strip() for x in v.split(',') if x.strip()] if v else [str(i) for i in range(torch.cuda.device_count())]
+print(' '.join(ids))")"
+[ ${#gpus[@]} -ge 1 ] || { echo "gpu_nightly: no GPU is visible"; exit 2; }
+job=0
 for e in $engines; do
+    gpu=${gpus[$((job % ${#gpus[@]}))]}
+    job=$((job + 1))
+    echo "gpu_nightly: job $e on GPU $gpu"
     engine=${e%%@*}
     select=()
     kexpr=${e#*@}
     [ "$engine" != "$e" ] && select=(-k "${kexpr//+/ }")
-    ${limit:+timeout -s INT -k 30 "$limit"} python -m pytest "${suite[@]}" "${select[@]}" --engine "$engine" \
+    CUDA_VISIBLE_DEVICES=$gpu ${limit:+timeout -s INT -k 30 "$limit"} python -m pytest "${suite[@]}" "${select[@]}" --engine "$engine" \
         --device cuda --hypothesis-profile="$profile" -p no:cacheprovider -o junit_suite_name="k3num-$e" \
         --durations=15 --drift-csv "$out/drift-$e.csv" --junitxml "$out/junit-$e.xml" "$@" \
         > "$out/pytest-$e.log" 2>&1 &

@@ -260,3 +260,17 @@ def test_records_of_an_imported_engine_carry_import_mode_and_the_installed_files
     for row in rows:
         assert (row["engine"], row["engine_version"], row["mode"]) == ("vllm", "0.33.0", "import")
         assert (row["real_ops"], row["source_sha256"]) == (IMPORT_OPS, fetch.sha256_of(fake.site / DSPARK_PY))
+
+
+@needs_sources
+def test_ledger_matching_expects_import_mode_only_where_the_pinned_engine_is_installed_on_cuda(
+        clean_imports, monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(installed, "cuda_available", lambda: False)
+    assert installed.expected_mode("vllm") == "source-interpreter"  # not installed here
+    _install(tmp_path, monkeypatch, "vllm")  # cuda_available -> True
+    assert installed.expected_mode("vllm") == "import"
+    monkeypatch.setenv(installed.MODE_ENV, "source")
+    assert installed.expected_mode("vllm") == "source-gpu"
+    monkeypatch.delenv(installed.MODE_ENV)
+    _install(tmp_path / "old", monkeypatch, "tokenspeed", version="0.1.0")
+    assert installed.expected_mode("tokenspeed") == "source-gpu"

@@ -95,9 +95,9 @@ def _lazy(module: str, attr: str, pin: str) -> Factory:
         missing = fetch.missing_files(pin)
         if local is not None and missing:
             raise EngineUnavailable(f"{pin}: the local tree {local} (K3NUM_ENGINE_SRC) lacks {missing}")
-        if missing and len(missing) < len(fetch.PINS[pin].files):  # a partly deleted cache: name what is gone
-            raise EngineUnavailable(f"{pin}: the cache {fetch.source_dir(pin)} lacks {missing}: "
-                                    f"run `k3num fetch {pin}`")
-        return getattr(importlib.import_module(module), attr)()
+        try:  # source mode checks the cache against its pins (engines.fetch.verified_manifest)
+            return getattr(importlib.import_module(module), attr)()
+        except fetch.FetchError as e:
+            raise EngineUnavailable(str(e)) from e
 
     return factory

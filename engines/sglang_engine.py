@@ -50,7 +50,7 @@ def build() -> base.Engine:
     inst, note = installed.select("sglang", IMPORT_MODULES, ())
     if inst is not None:
         return _build_imported(inst)
-    if not fetch.manifest("sglang"):
+    if not fetch.verified_manifest("sglang"):
         raise EngineUnavailable(f"sglang {PIN.version} source is not in {root}: run `k3num fetch sglang`")
     path = root / UTILS_PY
     try:
@@ -71,7 +71,7 @@ def build() -> base.Engine:
         unsharded, kv_only = _bind_dflash(root / DFLASH_PY, {"torch": torch})
     except source.SourceError as e:
         raise EngineUnavailable(f"sglang {PIN.version}: {e}") from e
-    m = fetch.manifest("sglang")
+    m = fetch.verified_manifest("sglang")
     return _engine(fetch.version_label("sglang"), "source-interpreter" if interpret else "source-gpu", STANDINS,
                    mod, fkw, pairs, unsharded, kv_only, lambda rel: m[rel], interpret, note)
 

@@ -68,7 +68,7 @@ IMPORT_OPS = ("real: tokenspeed_kernel apply_k_rope, segmented_rmsnorm (the inst
 def build() -> base.Engine:
     root = fetch.source_dir("tokenspeed")
     inst, note = installed.select("tokenspeed", (MODEL_PY, CONTEXT_PY), ())
-    if inst is None and not fetch.manifest("tokenspeed"):
+    if inst is None and not fetch.verified_manifest("tokenspeed"):
         raise EngineUnavailable(f"tokenspeed {PIN.version} source is not in {root}: run `k3num fetch tokenspeed`")
     files = inst.root if inst else root
     model_py, context_py = files / MODEL_PY, files / CONTEXT_PY
@@ -143,7 +143,7 @@ def build() -> base.Engine:
         model = _model(h, fc, tuple(range(k)), standins.RMSNorm(norm, eps), lifted)
         return lifted["hidden"](model, taps.permute(1, 0, 2).reshape(n, k * h))
 
-    sha = inst.sha256(MODEL_PY) if inst else fetch.manifest("tokenspeed")[MODEL_PY]
+    sha = inst.sha256(MODEL_PY) if inst else fetch.verified_manifest("tokenspeed")[MODEL_PY]
     return base.Engine(
         name="tokenspeed", version=inst.version if inst else fetch.version_label("tokenspeed"),
         mode="import" if inst else "source-lifted", real_ops=IMPORT_OPS if inst else STANDIN_OPS, mode_note=note,

@@ -318,7 +318,7 @@ def build() -> base.Engine:
     inst, note = installed.select("vllm", IMPORT_MODULES, IMPORT_CUDA_OPS)
     if inst is not None:
         return _build_imported(inst)
-    if not fetch.manifest("vllm"):
+    if not fetch.verified_manifest("vllm"):
         raise EngineUnavailable(f"vllm {PIN.version} source is not in {root}: run `k3num fetch vllm`")
     interpret = not torch.cuda.is_available()
     mode = "source-interpreter" if interpret else "source-gpu"
@@ -334,7 +334,7 @@ def build() -> base.Engine:
         loading = _bind_weight_loading(root)
     except source.SourceError as e:
         raise EngineUnavailable(f"vllm {PIN.version}: {e}") from e
-    m = fetch.manifest("vllm")
+    m = fetch.verified_manifest("vllm")
     sha = {base.ATTN_RES: m[ATTN_RES_PY], base.AUX_CAPTURE: m[MODEL_PY], base.CONTEXT_KV_FUSED: m[DSPARK_PY]}
     return base.Engine(
         name="vllm", version=fetch.version_label("vllm"), mode=mode, subjects=subjects, real_ops=STANDIN_OPS,
@@ -470,7 +470,7 @@ def build_rocm() -> base.Engine:
             source_sha256={base.ATTN_RES: inst.sha256(AMD_ATTN_RES_PY), base.AUX_CAPTURE: inst.sha256(AMD_LINEAR_PY)},
             missing=ROCM_MISSING,
         )
-    if not fetch.manifest("vllm"):
+    if not fetch.verified_manifest("vllm"):
         raise EngineUnavailable(f"vllm {PIN.version} source is not in {root}: run `k3num fetch vllm`")
     interpret = not torch.cuda.is_available()
     if interpret:
@@ -480,7 +480,7 @@ def build_rocm() -> base.Engine:
                     base.AUX_CAPTURE: _bind_rocm_capture(root / AMD_LINEAR_PY)}
     except source.SourceError as e:
         raise EngineUnavailable(f"vllm-rocm {PIN.version}: {e}") from e
-    m = fetch.manifest("vllm")
+    m = fetch.verified_manifest("vllm")
     return base.Engine(
         name="vllm-rocm", version=fetch.version_label("vllm"), mode="source-interpreter" if interpret else "source-gpu",
         subjects=subjects, real_ops=ROCM_STANDINS,

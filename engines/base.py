@@ -8,9 +8,10 @@ the test with a reason naming the engine and the subject.
 
 Subject signatures (tensors in the engine's dtype, bf16 unless stated):
 - CONTEXT_KV_FUSED(context_states [N,H], kv_a_weight [L,W,H], kv_norm_weight [L,kv_lora],
-  positions [N] int, rope: RopeSpec, eps, caches [L,NB,BS,W] | None,
+  positions [N] int, rope: RopeSpec, eps, caches [L,NB,BS,W] | list of L [NB,BS,W] | None,
   slot_mapping [N] | [L,N] | None) -> (kv_c [L,N,kv_lora], k_pe [L,N,W-kv_lora]);
-  caches written in place at the slots (None: compute only).
+  caches written in place at the slots (None: compute only); a list holds each layer's own
+  cache, with any strides and any placement in memory (vLLM's pointer array).
 - CONTEXT_KV_UNFUSED(context_states, fused_qkv_a_weight [L,Q+W,H], kv_norm_weight,
   positions, rope, eps) -> (kv_c, k_pe): per layer the full projection, Q discarded.
 - ATTN_RES(prefix [T,H], delta [T,H] | None, blocks [T,NB,H], norm_weight [H],

@@ -33,9 +33,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
+import re
+import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,8 +68,10 @@ PINS: dict[str, Pin] = {
             "vllm/models/kimi_k3/amd/linear.py",
             "vllm/models/kimi_k3/nvidia/dspark_mla.py",
             "vllm/model_executor/models/utils.py",
+            "vllm/_custom_ops.py",
+            "vllm/model_executor/models/interfaces.py",
         ),
-        manifest_sha256="5439ecd4a23011672b7746b83de7e83cb9685f77ca4df0d73b07627f2e9e4300",
+        manifest_sha256="5eccde1ad7620c1660fb0ff9a9a423fe3d89744c4c75176d8bbee0d7d18c8dba",
     ),
     "sglang": Pin(
         "sglang", "sglang", "0.5.23", "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937",
@@ -322,23 +329,145 @@ def fetch(engine: str, *, log: Log = print) -> Path:
     return root
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="k3num", description="k3-numerics tools")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    f = sub.add_parser("fetch", help="download the pinned engine wheels and extract the sources the adapters need")
-    f.add_argument("engines", nargs="*", default=sorted(PINS), help=f"default: all ({', '.join(sorted(PINS))})")
-    args = ap.parse_args(argv)
-    status = 0
-    for name in args.engines:
-        try:
-            fetch(name)
-        except FetchError as e:
-            print(f"[fetch] ERROR: {e}", file=sys.stderr)
-            status = 1
-    return status
+# --- the source distribution's CUDA sources (vLLM's compiled ops, built by `k3num build-ops`) ---------
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+@dataclass(frozen=True)
+class SdistPin:
+    """A source distribution pinned by its sha256, and the C++/CUDA files taken from it: `roots` and
+    every file they `#include "..."`, transitively (the include closure is found in the archive)."""
+
+    engine: str
+    filename: str
+    sha256: str
+    roots: tuple[str, ...]
+    manifest_sha256: str = ""
+    index: str = "https://pypi.org/simple/"
+
+
+SDISTS: dict[str, SdistPin] = {
+    "vllm": SdistPin(
+        "vllm", "vllm-0.33.0.tar.gz", "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112",
+        ("csrc/layernorm_kernels.cu", "csrc/pos_encoding_kernels.cu", "csrc/cache_kernels.cu",
+         "csrc/torch_bindings.cpp", "csrc/ops.h"),
+        manifest_sha256="a81edce1a9088df2c50750871ae873ccb33190e4e195d49cf71bc1b682b329aa",
+    ),
+}
+
+
+def csrc_dir(engine: str) -> Path:
+    pin = PINS[engine]
+    return cache_root() / f"{pin.engine}-{pin.version}-csrc"
+
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+
+
+def include_closure(read: Callable[[str], str | None], roots: Sequence[str], base: str = "csrc") -> list[str]:
+    """The files `roots` include with `#include "..."`, transitively, as archive paths under `base`.
+
+    An include resolves against the including file's folder first, then `base` (the compiler's -I);
+    one found in neither is a system or toolkit header and is left out. `read(path)` gives a file's
+    text or None when the archive has no such file."""
+    seen: dict[str, None] = {}
+    todo = list(roots)
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        text = read(path)
+        if text is None:
+            raise FetchError(f"{path} is not in the source distribution")
+        seen[path] = None
+        for inc in _INCLUDE.findall(text):
+            for cand in (posixpath.normpath(posixpath.join(posixpath.dirname(path), inc)),
+                         posixpath.normpath(posixpath.join(base, inc))):
+                if cand not in seen and read(cand) is not None:
+                    todo.append(cand)
+                    break
+    return sorted(seen)
+
+
+def _download_sdist(pin: SdistPin, target: Path, log: Log) -> None:
+    """The file itself from the index's JSON simple API (pip would build its metadata, which says
+    +cpu or +empty on a machine without CUDA, and then discard the file as inconsistent)."""
+    import urllib.request
+
+    req = urllib.request.Request(f"{pin.index.rstrip('/')}/{pin.engine}/",
+                                 headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            files = json.loads(r.read())["files"]
+        url = next((f["url"] for f in files if f["filename"] == pin.filename), None)
+        if url is None:
+            raise FetchError(f"{pin.engine}: the index lists no {pin.filename}")
+        log(f"[fetch] {pin.engine}: downloading {pin.filename}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with urllib.request.urlopen(url, timeout=300) as r, open(target, "wb") as out:
+            shutil.copyfileobj(r, out)
+    except OSError as e:
+        raise FetchError(f"{pin.engine}: could not download {pin.filename} from {pin.index} (no network, or the "
+                         f"index refused): {e}") from e
+
+
+def fetch_csrc(engine: str, *, log: Log = print) -> Path:
+    """The engine's pinned C++/CUDA sources in `csrc_dir(engine)`: the sdist downloaded (or found in
+    <cache>/sdists), checked against its pin, and its include closure of `SdistPin.roots`
+    extracted with a MANIFEST.json whose own sha256 is pinned. Idempotent; repairs a changed tree."""
+    if engine not in SDISTS:
+        raise FetchError(f"{engine}: no pinned source distribution; pinned: {sorted(SDISTS)}")
+    pin, root = SDISTS[engine], csrc_dir(engine)
+    if not csrc_problems(engine):
+        log(f"[fetch] {engine} csrc: up to date in {root} (hashes checked)")
+        return root
+    archive = cache_root() / "sdists" / pin.filename
+    if not archive.exists():
+        _download_sdist(pin, archive, log)
+    got = sha256_of(archive)
+    if got != pin.sha256:
+        archive.unlink()
+        raise FetchError(f"{engine}: {pin.filename} has sha256 {got}, the pin is {pin.sha256}: refused and deleted")
+    prefix = pin.filename.removesuffix(".tar.gz") + "/"
+    with tarfile.open(archive, "r:gz") as tf:
+        members = {m.name.removeprefix(prefix): m for m in tf.getmembers() if m.isfile()}
+
+        def read(path: str) -> str | None:
+            m = members.get(path)
+            fh = tf.extractfile(m) if m is not None else None
+            return fh.read().decode("utf-8", "replace") if fh is not None else None
+
+        files = include_closure(read, pin.roots)
+        hashes: dict[str, str] = {}
+        for rel in files:
+            fh = tf.extractfile(members[rel])
+            assert fh is not None
+            target = root / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(fh.read())
+            hashes[rel] = sha256_of(target)
+    text = manifest_text(hashes)
+    msha = hashlib.sha256(text.encode()).hexdigest()
+    if pin.manifest_sha256 and msha != pin.manifest_sha256:
+        raise FetchError(f"{engine}: the csrc manifest has sha256 {msha}, SdistPin.manifest_sha256 is "
+                         f"{pin.manifest_sha256} (engines/fetch.py: update the pin together with its roots)")
+    (root / MANIFEST).write_text(text)
+    log(f"[fetch] {engine} csrc: {pin.filename} sha256 ok; extracted {len(hashes)} files "
+        f"({sum((root / f).stat().st_size for f in hashes) // 1024} KiB) to {root}")
+    return root
+
+
+def csrc_problems(engine: str) -> list[str]:
+    """What in the extracted csrc tree differs from its pinned manifest ([] when all is as pinned)."""
+    pin, root = SDISTS[engine], csrc_dir(engine)
+    mpath = root / MANIFEST
+    if not mpath.exists():
+        return [f"{mpath}: missing (run `k3num fetch {engine}-csrc`)"]
+    found = sha256_of(mpath)
+    if pin.manifest_sha256 and found != pin.manifest_sha256:
+        return [f"{mpath}: expected sha256 {pin.manifest_sha256}, found {found}"]
+    problems = []
+    for rel, want in json.loads(mpath.read_text()).items():
+        got = sha256_of(root / rel) if (root / rel).is_file() else "none (the file is missing)"
+        if got != want:
+            problems.append(f"{root / rel}: expected sha256 {want}, found {got}")
+    return problems

@@ -52,3 +52,29 @@ def rotate_heads(positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.
 def write_slots(cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, slots: torch.Tensor) -> None:
     """One layer's paged write, in place: cache [NB, BS, W], kv_c [N, kv_lora], k_pe [N, (1,) R]."""
     mirror_ckv.write_cache(cache[None], kv_c[None], k_pe.reshape(k_pe.shape[0], -1)[None], slots)
+
+
+class ContextKVOps:
+    """The three compiled ops of vLLM's fused context-KV path, as per-op subjects (the mirror's own
+    kernels here; engines with the real ops bind theirs under the same interface):
+
+    - rms_norm_grouped(x [L, N, D], weight [L, D], eps) -> out [L, N, D]: row l of the weight
+      normalises group l; fp32 math, one rounding.
+    - rotary(positions [M], x [M, 1, R], cos_sin_cache [P, R], is_neox) -> rotated copy of x.
+    - insert_grouped(kv_c [L, N, C], k_pe [L, N, R], caches: L tensors [NB, BS, C + R] sharing one
+      block layout, slot_mapping [L, N]) -> None: slot s of layer l lands at caches[l][s // BS, s % BS];
+      s < 0 skipped; nothing else written.
+    """
+
+    @staticmethod
+    def rms_norm_grouped(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return mirror_ckv.grouped_rms_norm(x, weight, eps)
+
+    @staticmethod
+    def rotary(positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool) -> torch.Tensor:
+        return rotate_heads(positions, x, cos_sin_cache, is_neox)
+
+    @staticmethod
+    def insert_grouped(kv_c: torch.Tensor, k_pe: torch.Tensor, caches: list[torch.Tensor],
+                       slot_mapping: torch.Tensor) -> None:
+        mirror_ckv.write_cache(caches, kv_c, k_pe, slot_mapping)

@@ -136,7 +136,7 @@ class _StandinModel:
     _context_rope_dim: int
     _max_num_context_tokens: int
     layers: list[Any]
-    _context_kv_scales: torch.Tensor
+    _context_kv_scales: torch.Tensor | None
     captured: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
@@ -187,18 +187,21 @@ class _RecordingOps:
 
 
 def _bind_precompute(path: Path, namespace: dict[str, Any] | None, real_ops: Any | None) -> Any:
-    """CONTEXT_KV_FUSED from `path`: in source mode (namespace None) with stand-in ops; in import mode
-    with the module's own globals and its compiled `real_ops`."""
+    """CONTEXT_KV_FUSED from `path`: in source mode (namespace None) with stand-in ops, or with `real_ops`
+    (the compiled ops built by `k3num build-ops`, behind vLLM's own wrappers); in import mode with the
+    module's own globals and its compiled `real_ops`."""
     captured: dict[str, torch.Tensor] = {}
     caches_by_ptr: dict[int, torch.Tensor] = {}
+    rope_caches: dict[Any, torch.Tensor] = {}
 
     def grouped_standin(kv_c, k_pe, cache_ptrs, slot_mapping, block_size, s0, s1, scales, dtype):
         for layer, ptr in enumerate(cache_ptrs.tolist()):
             standins.write_slots(caches_by_ptr[ptr], kv_c[layer], k_pe[layer], slot_mapping[layer])
 
     if namespace is None:
-        impl: Any = types.SimpleNamespace(rms_norm=standins.rms_norm_into, rotary_embedding=_rotary_embedding,
-                                          concat_and_cache_mla_grouped=grouped_standin)
+        impl: Any = real_ops or types.SimpleNamespace(
+            rms_norm=standins.rms_norm_into, rotary_embedding=_rotary_embedding,
+            concat_and_cache_mla_grouped=grouped_standin)
         namespace = {"torch": _CpuSafeTorch(), "_GROUPED_KV_CACHE_DTYPES": source.lift_value(
             path, "_GROUPED_KV_CACHE_DTYPES", {})}
     else:
@@ -218,7 +221,11 @@ def _bind_precompute(path: Path, namespace: dict[str, Any] | None, real_ops: Any
         kv_lora = norm.shape[1]
         merged = kv_a.reshape(num_layers * width, hidden)
         max_pos = int(positions.max()) + 1 if positions.numel() else 1
-        cache = rope_cache(rope, max_pos, torch.float32, x.device)  # vLLM builds its cache in fp32
+        key = (rope, max_pos, x.device)
+        if key not in rope_caches:  # vLLM builds its cache once, in fp32
+            rope_caches.clear()
+            rope_caches[key] = rope_cache(rope, max_pos, torch.float32, x.device)
+        cache = rope_caches[key]
         rotary = types.SimpleNamespace(head_size=width - kv_lora, cos_sin_cache=cache,
                                        is_neox_style=rope.style == "neox")
         layers = []
@@ -238,7 +245,10 @@ def _bind_precompute(path: Path, namespace: dict[str, Any] | None, real_ops: Any
             context_kv_proj=lambda h: torch.nn.functional.linear(h, merged), _num_context_layers=num_layers,
             _context_kv_width=width, _context_kv_lora_rank=kv_lora, _context_kv_norm_weights=norm,
             _context_rms_norm_eps=eps, _context_rope_dim=width - kv_lora,
-            _max_num_context_tokens=max(x.shape[0], 1), layers=layers, _context_kv_scales=torch.ones(num_layers),
+            _max_num_context_tokens=max(x.shape[0], 1), layers=layers,
+            # _build_fused_context_kv_metadata: None unless the cache dtype is quantized (fp8); the
+            # compiled grouped insert refuses scales for a bf16 cache
+            _context_kv_scales=None,
         )
         self_ns: Any = types.SimpleNamespace(**model.__dict__)
         self_ns._has_uniform_block_layout = functools.partial(uniform, self_ns)
@@ -313,6 +323,28 @@ def _bind_weight_loading(root: Path) -> Any:
     return types.SimpleNamespace(duplicate=duplicate, mapper=mapper)
 
 
+def _built_ops(root: Path, interpret: bool) -> tuple[Any | None, str, str]:
+    """(ops, real_ops label, note): vLLM's own `_custom_ops` wrappers (lifted from the wheel's
+    vllm/_custom_ops.py) over the compiled ops `k3num build-ops` built for this GPU and torch, or
+    (None, stand-in label, why not)."""
+    if interpret:
+        return None, STANDIN_OPS, "no CUDA: the compiled ops cannot run here"
+    from engines import cuda_ops
+
+    so, why = cuda_ops.load()
+    if so is None:
+        return None, STANDIN_OPS, why
+    ns = {"torch": torch}
+    ops = types.SimpleNamespace(**{name: source.lift(root / CUSTOM_OPS_PY, name, ns) for name in BUILT_OPS})
+    return ops, (f"real (built by k3num build-ops from {fetch.SDISTS['vllm'].filename}, sha256 "
+                 f"{fetch.SDISTS['vllm'].sha256[:12]}...): {', '.join(BUILT_OPS)}; stand-in: do_kv_cache_update (the "
+                 "attention backend's per-layer write, taken when a layer has no slots)"), ""
+
+
+# the compiled ops `_precompute_fused_context_kv` calls, by their vllm/_custom_ops.py wrapper names
+BUILT_OPS = ("rms_norm", "rotary_embedding", "concat_and_cache_mla_grouped")
+
+
 def build() -> base.Engine:
     root = fetch.source_dir("vllm")
     inst, note = installed.select("vllm", IMPORT_MODULES, IMPORT_CUDA_OPS)
@@ -325,23 +357,61 @@ def build() -> base.Engine:
     if interpret:
         require_interpreter()
     try:
+        ops, real_ops, ops_note = _built_ops(root, interpret)
         attn_res = _load_attn_res(root / ATTN_RES_PY, interpret)
         subjects: dict[str, base.Subject] = {
             base.ATTN_RES: attn_res,
             base.AUX_CAPTURE: _bind_capture(root / MODEL_PY, {"torch": torch, "attn_res": attn_res}),
-            base.CONTEXT_KV_FUSED: _bind_precompute(root / DSPARK_PY, None, None),
+            base.CONTEXT_KV_FUSED: _bind_precompute(root / DSPARK_PY, None, ops),
         }
         loading = _bind_weight_loading(root)
     except source.SourceError as e:
         raise EngineUnavailable(f"vllm {PIN.version}: {e}") from e
+    if ops is not None:
+        mode += OPS_SUFFIX
+    else:
+        note = "; ".join(filter(None, [note, f"compiled ops are stand-ins: {ops_note}"]))
     m = fetch.verified_manifest("vllm")
     sha = {base.ATTN_RES: m[ATTN_RES_PY], base.AUX_CAPTURE: m[MODEL_PY], base.CONTEXT_KV_FUSED: m[DSPARK_PY]}
     return base.Engine(
-        name="vllm", version=fetch.version_label("vllm"), mode=mode, subjects=subjects, real_ops=STANDIN_OPS,
+        name="vllm", version=fetch.version_label("vllm"), mode=mode, subjects=subjects, real_ops=real_ops,
         source_sha256=sha, missing=MISSING,
         storage_rounding=truncate_to_bf16 if interpret else None,
-        rounding="toward_zero" if interpret else "nearest", extras={"weight_loading": loading}, mode_note=note,
+        rounding="toward_zero" if interpret else "nearest",
+        extras={"weight_loading": loading, **({"context_kv_ops": _RealContextKVOps(ops)} if ops is not None else {})},
+        mode_note=note,
     )
+
+
+# the mode label of source-gpu with vLLM's compiled ops built here (engines.cuda_ops)
+OPS_SUFFIX = "+ops"
+
+
+class _RealContextKVOps:
+    """vLLM's compiled ops behind their `_custom_ops` wrappers, under the per-op interface of
+    engines.standins.ContextKVOps (the insert builds the pointer array in the caches' given order,
+    as `_get_context_kv_cache_ptrs` does)."""
+
+    def __init__(self, ops: Any) -> None:
+        self._ops = ops
+
+    def rms_norm_grouped(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        out = torch.empty_like(x)
+        self._ops.rms_norm(out, x, weight, eps)
+        return out
+
+    def rotary(self, positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tensor,
+               is_neox: bool) -> torch.Tensor:
+        out = x.clone()
+        self._ops.rotary_embedding(positions, out, None, x.shape[-1], cos_sin_cache, is_neox)
+        return out
+
+    def insert_grouped(self, kv_c: torch.Tensor, k_pe: torch.Tensor, caches: list[torch.Tensor],
+                       slot_mapping: torch.Tensor) -> None:
+        ptrs = torch.tensor([c.data_ptr() for c in caches], dtype=torch.int64, device=kv_c.device)
+        ref = caches[0]
+        self._ops.concat_and_cache_mla_grouped(kv_c, k_pe, ptrs, slot_mapping, ref.size(1), ref.stride(0),
+                                               ref.stride(1), None, "auto")
 
 
 MISSING = {

@@ -128,5 +128,16 @@ def theory_rule(ref_max: float, out_dtype: torch.dtype, roundings: int, *, acc_t
     return Budget(value, rule)
 
 
+def rounded_once_rtol(out_dtype: torch.dtype, eps32: float) -> float:
+    """Elementwise relative bound for an fp32 computation rounded once to out_dtype.
+
+    The fp32 result y is within eps32 |ref| of the float64 oracle (the caller derives eps32 from
+    the op's fp32 steps), and one round-to-nearest adds u |y| <= u (1 + eps32) |ref|, so
+    |out - ref| <= (u + (1 + u) eps32) |ref|. A second rounding to out_dtype can double the u term,
+    which this bound does not admit."""
+    u = unit_roundoff(out_dtype)
+    return u + (1.0 + u) * eps32
+
+
 def _name(dtype: torch.dtype | str) -> str:
     return str(dtype).replace("torch.", "")

@@ -7,7 +7,7 @@ from hypothesis import given
 
 from engines import base
 from engines.mirror import context_kv as eager
-from fixtures.builders import context_kv_inputs
+from fixtures.builders import CACHE_LAYOUTS, context_kv_inputs, paged_caches, same_views
 from fixtures.strategies import ContextKVCase, context_kv_cases
 from oracles import budgets
 from oracles.records import judge
@@ -71,9 +71,13 @@ def test_unfused_context_kv_within_rounding_budget_of_oracle(engine, case: Conte
 
 @given(case=context_kv_cases(min_layers=2))
 def test_layer_outputs_follow_their_row_block_of_the_merged_weight(engine, case: ContextKVCase) -> None:
+    check_layer_outputs_follow_their_row_block(engine, case, DEVICE)
+
+
+def check_layer_outputs_follow_their_row_block(engine, case: ContextKVCase, device: str) -> None:
     fused = subject(engine, base.CONTEXT_KV_FUSED)
-    inp = context_kv_inputs(case, LOW, DEVICE)
-    perm = torch.roll(torch.arange(case.num_layers), 1)  # layer l's rows moved to block perm^-1(l)
+    inp = context_kv_inputs(case, LOW, device)
+    perm = torch.roll(torch.arange(case.num_layers), 1).to(device)  # layer l's rows moved to block perm^-1(l)
     kv_c, k_pe = fused(inp.x, inp.kv_a, inp.norm, inp.positions, case.rope, 1e-5)
     p_c, p_pe = fused(inp.x, inp.kv_a[perm].contiguous(), inp.norm[perm].contiguous(), inp.positions,
                       case.rope, 1e-5)
@@ -83,8 +87,12 @@ def test_layer_outputs_follow_their_row_block_of_the_merged_weight(engine, case:
 
 @given(case=context_kv_cases(min_layers=2))
 def test_layer_output_depends_on_nothing_but_its_own_rows(engine, case: ContextKVCase) -> None:
+    check_layer_output_depends_only_on_its_rows(engine, case, DEVICE)
+
+
+def check_layer_output_depends_only_on_its_rows(engine, case: ContextKVCase, device: str) -> None:
     fused = subject(engine, base.CONTEXT_KV_FUSED)
-    inp = context_kv_inputs(case, LOW, DEVICE)
+    inp = context_kv_inputs(case, LOW, device)
     kv_c, k_pe = fused(inp.x, inp.kv_a, inp.norm, inp.positions, case.rope, 1e-5)
     keep = case.seed % case.num_layers
     w2, n2 = inp.kv_a.clone(), inp.norm.clone()
@@ -98,38 +106,50 @@ def test_layer_output_depends_on_nothing_but_its_own_rows(engine, case: ContextK
 
 @given(case=context_kv_cases())
 def test_no_slot_mapping_writes_nothing(engine, case: ContextKVCase) -> None:
+    check_no_slot_mapping_writes_nothing(engine, case, DEVICE, CACHE_LAYOUTS[case.seed % 2])
+
+
+def check_no_slot_mapping_writes_nothing(engine, case: ContextKVCase, device: str, layout: str) -> None:
     fused = subject(engine, base.CONTEXT_KV_FUSED)
-    inp = context_kv_inputs(case, LOW, DEVICE)
-    caches = torch.randn(case.num_layers, 3, 4, case.width, generator=torch.Generator().manual_seed(case.seed)
-                         ).to(LOW).to(DEVICE)
-    before = caches.clone()
+    inp = context_kv_inputs(case, LOW, device)
+    gen = torch.Generator().manual_seed(case.seed)
+    caches, buf = paged_caches(case.num_layers, 3, 4, case.width, layout, gen, LOW, device)
+    before = buf.clone()
     fused(inp.x, inp.kv_a, inp.norm, inp.positions, case.rope, 1e-5, caches, None)
-    assert_bitwise(caches, before, "caches after a call without slot mapping")
-    skipped = torch.full((case.tokens,), -1, dtype=torch.int64, device=DEVICE)
+    assert_bitwise(buf, before, f"{layout} caches after a call without slot mapping")
+    skipped = torch.full((case.tokens,), -1, dtype=torch.int64, device=device)
     fused(inp.x, inp.kv_a, inp.norm, inp.positions, case.rope, 1e-5, caches, skipped)
-    assert_bitwise(caches, before, "caches after a call whose slots are all negative")
+    assert_bitwise(buf, before, f"{layout} caches after a call whose slots are all negative")
 
 
 @given(case=context_kv_cases())
 def test_cache_slot_lands_at_block_and_offset_and_nothing_else_changes(engine, case: ContextKVCase) -> None:
+    check_cache_slots(engine, case, DEVICE, CACHE_LAYOUTS[(case.seed // 2) % 2])
+
+
+def check_cache_slots(engine, case: ContextKVCase, device: str, layout: str) -> None:
+    """Each token's [kv_c | k_pe] lands at its slot's block and offset of its layer's cache, in the
+    caches' own layout (stacked, or per-layer views of a padded buffer in permuted order), and no
+    other element of the buffer they live in changes."""
     fused = subject(engine, base.CONTEXT_KV_FUSED)
-    inp = context_kv_inputs(case, LOW, DEVICE)
+    inp = context_kv_inputs(case, LOW, device)
     block_size, num_blocks = 4, -(-2 * case.tokens // 4)
     gen = torch.Generator().manual_seed(case.seed)
-    caches = torch.randn(case.num_layers, num_blocks, block_size, case.width, generator=gen).to(LOW).to(DEVICE)
-    before = caches.clone()
+    caches, buf = paged_caches(case.num_layers, num_blocks, block_size, case.width, layout, gen, LOW, device)
+    before = buf.clone()
     per_layer = case.seed % 2 == 1
     rows = case.num_layers if per_layer else 1
     slots = torch.stack([torch.randperm(num_blocks * block_size, generator=gen)[: case.tokens] for _ in range(rows)])
     slots[:, :: 3] = -1  # every third token skipped
-    slots = slots.to(DEVICE)
+    slots = slots.to(device)
     mapping = slots if per_layer else slots[0]
     kv_c, k_pe = fused(inp.x, inp.kv_a, inp.norm, inp.positions, case.rope, 1e-5, caches, mapping)
     expected = before.clone()
-    full = slots.cpu().expand(case.num_layers, case.tokens)
+    views = same_views(caches, buf, expected)
+    full = slots.expand(case.num_layers, case.tokens)
     for layer in range(case.num_layers):
-        for t in range(case.tokens):
-            s = int(full[layer, t])
-            if s >= 0:
-                expected[layer, s // block_size, s % block_size] = torch.cat([kv_c[layer, t], k_pe[layer, t]])
-    assert_bitwise(caches, expected, "caches after the write")
+        s = full[layer]
+        keep = s >= 0
+        entries = torch.cat([kv_c[layer], k_pe[layer]], dim=-1)[keep]
+        views[layer][s[keep] // block_size, s[keep] % block_size] = entries
+    assert_bitwise(buf, expected, f"the {layout} caches' buffer after the write")

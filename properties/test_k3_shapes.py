@@ -16,11 +16,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fixtures.builders import CACHE_LAYOUTS
 from fixtures.strategies import AttnResCase, DraftKVCase, ProjectionCase, k3_context_kv_case, k3_tokens, seeds
 from properties.test_attn_res import check_attn_res_within_rounding_budget
 from properties.test_attn_res_mix import SUBJECTS as MIX_SUBJECTS
 from properties.test_attn_res_mix import check_read_only_mixture
-from properties.test_context_kv import check_fused_within_budget_of_unfused
+from properties.test_context_kv import (
+    check_cache_slots,
+    check_fused_within_budget_of_unfused,
+    check_layer_output_depends_only_on_its_rows,
+    check_layer_outputs_follow_their_row_block,
+    check_no_slot_mapping_writes_nothing,
+)
 from properties.test_draft_kv import check_draft_kv_within_rounding_budget
 from properties.test_partial_projection import TRANSFER, check_sharded_within_budget_of_unsharded
 from refmodel import geometry
@@ -36,6 +43,25 @@ def test_k3_fused_context_kv_within_budget_of_unfused_baseline(engine, seed: int
     g = geometry.preset("k3-dspark-plain-rope" if plain else "k3-dspark")
     assert isinstance(g, geometry.MLADraftGeometry)
     check_fused_within_budget_of_unfused(engine, k3_context_kv_case(tokens, seed, g.rope), DEVICE)
+
+
+@given(seed=seeds, tokens=TOKENS, layout=st.sampled_from(CACHE_LAYOUTS))
+def test_k3_cache_slot_lands_at_block_and_offset_and_nothing_else_changes(engine, seed: int, tokens: int,
+                                                                          layout: str) -> None:
+    g = geometry.preset("k3-dspark")
+    assert isinstance(g, geometry.MLADraftGeometry)
+    case = k3_context_kv_case(tokens, seed, g.rope)
+    check_cache_slots(engine, case, DEVICE, layout)
+    check_no_slot_mapping_writes_nothing(engine, case, DEVICE, layout)
+
+
+@given(seed=seeds, tokens=TOKENS)
+def test_k3_layer_outputs_depend_only_on_their_own_row_block(engine, seed: int, tokens: int) -> None:
+    g = geometry.preset("k3-dspark")
+    assert isinstance(g, geometry.MLADraftGeometry)
+    case = k3_context_kv_case(tokens, seed, g.rope)
+    check_layer_outputs_follow_their_row_block(engine, case, DEVICE)
+    check_layer_output_depends_only_on_its_rows(engine, case, DEVICE)
 
 
 @given(seed=seeds, tokens=TOKENS, num_blocks=st.integers(0, 8), delta=st.booleans(), onorm=st.booleans())

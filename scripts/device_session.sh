@@ -8,7 +8,11 @@
 #     K3NUM_ENGINE_CACHE=$PWD/engine-cache k3num fetch
 #   and carry engine-cache/ without its wheels/ folder (about 0.5 MB).
 # Usage: scripts/device_session.sh OUT [PARTS]
-#   PARTS: comma-separated, any of bench,race,k3,small (default all four; k3 and small run side by
+#   PARTS: comma-separated, any of ops,bench,race,k3,small (default: bench,race,k3,small). `ops` builds
+#   vLLM's CUDA ops from the carried csrc (engine-cache/vllm-0.33.0-csrc; `k3num build-ops`), times the
+#   fused context-KV path against the unfused one with them (bench/context_kv_speed.py), and runs the
+#   context-KV properties on them (mode source-gpu+ops) at small shapes (K3NUM_OPS_SMALL_PROFILE,
+#   default ci) and K3 shapes (K3NUM_OPS_K3_PROFILE, default nightly-1k). (k3 and small run side by
 #   side when both are asked for; on the recorded H200 run that contention cost ~3x in K3 examples,
 #   so a 10-minute slot should take k3 alone)
 # Environment (docs/gpu-run.md records the settings of each recorded run):
@@ -24,7 +28,7 @@ out=${1:?usage: scripts/device_session.sh OUT [PARTS]}
 parts=",${2:-bench,race,k3,small},"
 want() { [[ "$parts" == *",$1,"* ]]; }
 for p in ${parts//,/ }; do
-    case $p in bench|race|k3|small) ;; *) echo "device_session: unknown part '$p' (bench, race, k3, small)"; exit 2;; esac
+    case $p in ops|bench|race|k3|small) ;; *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small)"; exit 2;; esac
 done
 mkdir -p "$out"
 cd "$root"
@@ -43,7 +47,30 @@ small_jobs=${K3NUM_SMALL_JOBS:-vllm vllm-rocm sglang tokenspeed}
 for e in vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
-bench=0 race=0 k3=0 small=0
+bench=0 race=0 k3=0 small=0 ops=0
+if want ops; then
+    echo "== vLLM's CUDA ops: build, speed, properties"
+    [ -f "$K3NUM_ENGINE_CACHE/vllm-0.33.0-csrc/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/vllm-0.33.0-csrc (carry it)"; exit 2; }
+    t0=$(date +%s)
+    python -m engines.cli build-ops --jobs "$(nproc)" 2>&1 | tee "$out/build_ops.log"
+    ops=${PIPESTATUS[0]}
+    echo "build-ops: exit $ops in $(( $(date +%s) - t0 )) s" | tee -a "$out/build_ops.log"
+    if [ "$ops" -eq 0 ]; then
+        python bench/context_kv_speed.py --reps "${K3NUM_BENCH_REPS:-20}" --csv "$out/context_kv_speed.csv" \
+            | tee "$out/context_kv_speed.md" || ops=1
+        ckv="properties/test_context_kv.py properties/test_context_kv_ops.py"
+        timeout -s INT "${K3NUM_OPS_SMALL_TIMEOUT:-150}" python -m pytest $ckv --engine vllm -p no:cacheprovider -q \
+            --hypothesis-profile="${K3NUM_OPS_SMALL_PROFILE:-ci}" --drift-csv "$out/ops_small.csv" 2>&1 \
+            | tail -n 25 | tee "$out/ops_small.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || ops=1
+        timeout -s INT "${K3NUM_OPS_K3_TIMEOUT:-240}" python -m pytest properties/test_k3_shapes.py --engine vllm \
+            -k "context_kv or cache_slot or row_block" -p no:cacheprovider -q \
+            --hypothesis-profile="${K3NUM_OPS_K3_PROFILE:-nightly-1k}" --drift-csv "$out/ops_k3.csv" \
+            --hypothesis-show-statistics 2>&1 | grep -E "passing examples|Stopped because|passed|failed|error|ERROR|k3-numerics|source-gpu|vllm " \
+            | tee "$out/ops_k3.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || ops=1
+    fi
+fi
 if want bench; then
     echo "== engine kernel bandwidth"
     python bench/engine_kernels.py --reps "${K3NUM_BENCH_REPS:-20}" --csv "$out/engine_kernels.csv" | tee "$out/engine_kernels.md"
@@ -71,5 +98,5 @@ if [ -n "$k3_pid" ]; then wait "$k3_pid"; k3=$?; cat "$out/k3.log"; fi
 if [ -n "$small_pid" ]; then wait "$small_pid"; small=$?; cat "$out/small.log"; fi
 dirs=(); for d in k3 small; do [ -d "$out/$d" ] && dirs+=("$d"); done
 [ ${#dirs[@]} -gt 0 ] && tar czf "$out/properties.tgz" -C "$out" "${dirs[@]}"
-echo "device_session: bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
-[ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]
+echo "device_session: ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
+[ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]

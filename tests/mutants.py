@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from engines import base, mirror, registry
+from engines import base, mirror, registry, standins
 from engines.mirror import attn_res as m_attn
 from engines.mirror import context_kv as m_ckv
 from engines.mirror import projection as m_proj
@@ -199,9 +199,9 @@ def _fused_cache_with(*, write_without_mapping: bool = False, swap_block_offset:
             slot_mapping = torch.arange(x.shape[0])  # "compute only" taken as "write token t to slot t"
         if slot_mapping is None:
             return kv_c, k_pe
-        num_layers, num_blocks, bs, _ = caches.shape
+        num_layers, (num_blocks, bs, _) = len(caches), caches[0].shape
         slots = slot_mapping if slot_mapping.dim() == 2 else slot_mapping.expand(num_layers, -1)
-        entries = torch.cat([kv_c, k_pe], -1).to(caches.dtype)
+        entries = torch.cat([kv_c, k_pe], -1).to(caches[0].dtype)
         for layer in range(num_layers):
             for t in range(x.shape[0]):
                 s = int(slots[layer, t])
@@ -211,7 +211,7 @@ def _fused_cache_with(*, write_without_mapping: bool = False, swap_block_offset:
                     s = t  # negative slots written too
                 b, o = (s % num_blocks, s // num_blocks) if swap_block_offset else (s // bs, s % bs)
                 if b < num_blocks and o < bs:
-                    caches[layer, b, o] = entries[layer, t]
+                    caches[layer][b, o] = entries[layer, t]
         return kv_c, k_pe
 
     return fused
@@ -301,7 +301,45 @@ OWNER_MUTANTS: dict[str, Callable] = {
     "unknown_tap_stream_taken_as_prefix": _unknown_stream_as_prefix,
 }
 
-ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS, *TRANSFER_MUTANTS, *OWNER_MUTANTS])
+class _BrokenOps(standins.ContextKVOps):
+    """The per-op subjects of the fused context-KV path with one planted bug (`bug`)."""
+
+    def __init__(self, bug: str) -> None:
+        self.bug = bug
+
+    def rms_norm_grouped(self, x, weight, eps):
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+        if self.bug == "norm_rounded_twice":  # the normalised row rounded before the weight is applied
+            return (normed.to(x.dtype).float() * weight.float()[:, None, :]).to(x.dtype)
+        if self.bug == "norm_weight_row_0":
+            return (normed * weight.float()[0]).to(x.dtype)
+        return super().rms_norm_grouped(x, weight, eps)
+
+    def rotary(self, positions, x, cos_sin_cache, is_neox):
+        if self.bug != "rotary_rounded_twice":
+            return super().rotary(positions, x, cos_sin_cache, is_neox)
+        d = cos_sin_cache.shape[-1]
+        cos, sin = cos_sin_cache[positions, : d // 2].float(), cos_sin_cache[positions, d // 2:].float()
+        xf = x[:, 0].float()
+        a, b = (xf[:, : d // 2], xf[:, d // 2:]) if is_neox else (xf[:, 0::2], xf[:, 1::2])
+        low = x.dtype  # each product rounded to the storage dtype before the sum
+        def r(t):
+            return t.to(low).float()
+
+        p, q = r(a * cos) - r(b * sin), r(b * cos) + r(a * sin)
+        out = torch.cat([p, q], -1) if is_neox else torch.stack([p, q], -1).flatten(-2)
+        return out.to(low)[:, None]
+
+    def insert_grouped(self, kv_c, k_pe, caches, slot_mapping):
+        if self.bug == "insert_pointers_in_address_order":  # the pointer array sorted by address
+            caches = sorted(caches, key=lambda c: c.data_ptr())
+        super().insert_grouped(kv_c, k_pe, caches, slot_mapping)
+
+
+OPS_MUTANTS = ("norm_rounded_twice", "norm_weight_row_0", "rotary_rounded_twice", "insert_pointers_in_address_order")
+
+ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS, *TRANSFER_MUTANTS, *OWNER_MUTANTS, *OPS_MUTANTS])
 
 
 def build(name: str) -> base.Engine:
@@ -316,6 +354,8 @@ def build(name: str) -> base.Engine:
         extras["transfer_pairs"] = TRANSFER_MUTANTS[name]
     if name in OWNER_MUTANTS:
         extras["tap_owner"] = OWNER_MUTANTS[name]
+    if name in OPS_MUTANTS:
+        extras["context_kv_ops"] = _BrokenOps(name)
     broken = MUTANTS.get(name, {})
     correct = mirror.subjects()
     subjects = {s: correct[s] for group in PATHS if set(group) & set(broken) for s in group}

@@ -34,7 +34,14 @@ def build() -> base.Engine:
     return base.Engine(name="mirror", version=VERSION, mode="reference", subjects=subjects(),
                        extras={"weight_loading": weight_loading(),
                                "transfer_pairs": transfer.build_transfer_entry_pairs,
-                               "tap_owner": attn_res.tap_owner_layer})
+                               "tap_owner": attn_res.tap_owner_layer,
+                               "context_kv_ops": _context_kv_ops()})
+
+
+def _context_kv_ops():
+    from engines.standins import ContextKVOps  # standins builds on the mirror's kernels
+
+    return ContextKVOps()
 
 
 def weight_loading() -> types.SimpleNamespace:

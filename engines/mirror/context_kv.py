@@ -11,6 +11,8 @@ Works on any device and any float dtype (float64 inputs compute in float64).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from refmodel import rope as ref_rope
@@ -77,16 +79,19 @@ def norm_rope(
     return kv_c, k_pe
 
 
-def write_cache(caches: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """In place: slot s of layer l -> caches[l, s // bs, s % bs] = [kv_c | k_pe]; s < 0 skipped."""
-    num_layers, _, block_size, width = caches.shape
+def write_cache(caches: torch.Tensor | Sequence[torch.Tensor], kv_c: torch.Tensor, k_pe: torch.Tensor,
+                slot_mapping: torch.Tensor) -> None:
+    """In place: slot s of layer l -> caches[l][s // bs, s % bs] = [kv_c | k_pe]; s < 0 skipped.
+
+    caches: [L, NB, BS, W], or L per-layer caches [NB, BS, W] with any strides and placement."""
+    num_layers, block_size = len(caches), caches[0].shape[1]
     n = kv_c.shape[1]
     slots = slot_mapping if slot_mapping.dim() == 2 else slot_mapping.unsqueeze(0).expand(num_layers, n)
-    entries = torch.cat([kv_c, k_pe], dim=-1).to(caches.dtype)
+    entries = torch.cat([kv_c, k_pe], dim=-1).to(caches[0].dtype)
     for layer in range(num_layers):
         s = slots[layer].to(torch.int64)
         keep = s >= 0
-        caches[layer, s[keep] // block_size, s[keep] % block_size] = entries[layer, keep]
+        caches[layer][s[keep] // block_size, s[keep] % block_size] = entries[layer, keep]
 
 
 def context_kv_fused(

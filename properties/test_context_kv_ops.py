@@ -1,0 +1,126 @@
+"""Per-op contracts of the fused context-KV path's compiled ops (vLLM's `ops.rms_norm` with a 2-D
+weight, `ops.rotary_embedding`, `concat_and_cache_mla_grouped`), one property each.
+
+An engine offers them as `extras["context_kv_ops"]` (engines.standins.ContextKVOps' interface):
+the mirror's kernels everywhere, vLLM's own CUDA ops where `k3num build-ops` built them (mode
+source-gpu+ops). Elsewhere vLLM's ops are absent and these skip with the reason.
+
+"Rounded once" is checked elementwise, which a max-abs budget cannot do: with fp32 math and one
+rounding to bf16, every output element is within u_bf16 |y| of the fp32 result y, and y within
+eps32 |ref| of the float64 oracle ref, so |out - ref| <= (u_bf16 (1 + eps32) + eps32) |ref|
+(oracles.budgets.rounded_once_rtol). A second rounding anywhere (the normalised row rounded before
+the weight is applied, say) reaches 2 u_bf16 |ref| on some element of a row of hundreds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engines.mirror.context_kv import rope_cache
+from fixtures.builders import CACHE_LAYOUTS, paged_caches, same_views
+from fixtures.strategies import seeds
+from oracles import budgets
+from oracles.records import judge
+from properties.support import DEVICE, LOW, assert_bitwise, report, up
+from refmodel import geometry, rmsnorm
+
+EPS = 1e-5
+
+
+def _ops(engine):
+    ops = engine.extras.get("context_kv_ops")
+    if ops is None:
+        pytest.skip(f"engine {engine.name} {engine.version} ({engine.mode}) has no compiled context-KV ops here: "
+                    f"{engine.mode_note or 'not bound'}")
+    return ops
+
+
+def _elementwise(engine, prop: str, op: str, out: torch.Tensor, ref: torch.Tensor, rtol: float, seed: int,
+                 n: int, detail: str) -> None:
+    """Judge |out - ref| <= rtol |ref| elementwise: both sides scaled by |ref| (zeros: by 1)."""
+    scale = ref.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    budget = budgets.Budget(rtol, f"elementwise |out-ref|<=rtol*|ref|, rtol={rtol:.3g} (rounded once)")
+    report(judge(property=prop, engine=engine, subject=op, actual=up(out) / scale, reference=ref / scale,
+                 budget=budget, seed=seed, reduction_len=n, detail=detail))
+
+
+@given(seed=seeds, layers=st.integers(1, 6), tokens=st.integers(1, 40), dim=st.sampled_from([64, 128, 512]))
+def test_grouped_rms_norm_row_l_is_normed_by_weight_row_l_in_fp32_rounded_once(engine, seed, layers, tokens, dim):
+    ops = _ops(engine)
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(layers, tokens, dim, generator=gen) * 3).to(LOW).to(DEVICE)
+    w = (torch.rand(layers, dim, generator=gen) * 2 + 0.1).to(LOW).to(DEVICE)
+    out = ops.rms_norm_grouped(x, w, EPS)
+    ref = torch.stack([rmsnorm.rms_norm(up(x[layer]), up(w[layer]), EPS) for layer in range(layers)])
+    # fp32 terms: the sum of squares (gamma_D / 2 in the rsqrt), rsqrt, mean, two products: 4 u32
+    eps32 = budgets.gamma(dim, budgets.U32) / 2 + 4 * budgets.U32
+    _elementwise(engine, "grouped_rms_norm_rounded_once", "ops.rms_norm", out, ref,
+                 budgets.rounded_once_rtol(LOW, eps32), seed, dim, f"L={layers};D={dim}")
+    perm = torch.randperm(layers, generator=gen).to(DEVICE)
+    assert_bitwise(ops.rms_norm_grouped(x[perm].contiguous(), w[perm].contiguous(), EPS), out[perm],
+                   "grouped rms_norm with the groups and their weight rows permuted together")
+
+
+@given(seed=seeds, rows=st.integers(1, 64), neox=st.booleans(), max_pos=st.sampled_from([8, 4096, 32768]))
+def test_rotary_embedding_rotates_in_fp32_rounded_once(engine, seed, rows, neox, max_pos):
+    ops = _ops(engine)
+    g = geometry.preset("k3-dspark-plain-rope")
+    spec = dataclasses.replace(g.rope, style="neox" if neox else "gptj")
+    gen = torch.Generator().manual_seed(seed)
+    r = spec.rotary_dim
+    x = (torch.randn(rows, 1, r, generator=gen) * 2).to(LOW).to(DEVICE)
+    pos = torch.randint(0, max_pos, (rows,), generator=gen).to(DEVICE)
+    cache = rope_cache(spec, max_pos, torch.float32, torch.device(DEVICE))  # vLLM's cache is fp32
+    out = ops.rotary(pos, x, cache, neox)
+    # the oracle rotates by the fp32 cache's own cos/sin (the angle error is the cache's, not the op's)
+    c64 = cache.double()[pos]
+    cos, sin = c64[:, : r // 2], c64[:, r // 2:]
+    xs = up(x)[:, 0]
+    if neox:
+        a, b = xs[:, : r // 2], xs[:, r // 2:]
+        ref = torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
+    else:
+        a, b = xs[:, 0::2], xs[:, 1::2]
+        ref = torch.stack([a * cos - b * sin, b * cos + a * sin], -1).flatten(-2)
+    # a rotated element y = a cos - b sin in fp32: two products and a difference err by <= u32 (|a cos| +
+    # |b sin|) + u32 |y| <= 2.5 u32 |pair| (|cos|, |sin| <= 1, |a cos| + |b sin| <= sqrt(2) |pair|), then one
+    # bf16 rounding: |out - ref| <= u |ref| + (1 + u) 2.5 u32 |pair| = u * scale with the scale below
+    u = budgets.unit_roundoff(LOW)
+    pair = torch.sqrt(a * a + b * b)
+    pair = torch.cat([pair, pair], -1) if neox else torch.stack([pair, pair], -1).flatten(-2)
+    scale = (ref.abs() + (1 + u) * 2.5 * budgets.U32 / u * pair).clamp_min(torch.finfo(torch.float64).tiny)
+    budget = budgets.Budget(u, "elementwise |out-ref|<=u*(|ref|+(1+u)*2.5*u32/u*|pair|) (rounded once)")
+    report(judge(property="rotary_rounded_once", engine=engine, subject="ops.rotary_embedding",
+                 actual=up(out)[:, 0] / scale, reference=ref / scale, budget=budget, seed=seed, reduction_len=2,
+                 detail=f"{'neox' if neox else 'gptj'};R={r};max_pos={max_pos}"))
+
+
+@given(seed=seeds, layers=st.integers(1, 6), tokens=st.integers(1, 48), per_layer=st.booleans(),
+       layout=st.sampled_from(CACHE_LAYOUTS))
+def test_grouped_cache_insert_writes_exactly_the_given_slots(engine, seed, layers, tokens, per_layer, layout):
+    ops = _ops(engine)
+    gen = torch.Generator().manual_seed(seed)
+    kv_lora, r, block_size = 512, 64, 16
+    num_blocks = -(-2 * tokens // block_size)
+    kv_c = torch.randn(layers, tokens, kv_lora, generator=gen).to(LOW).to(DEVICE)
+    k_pe = torch.randn(layers, tokens, r, generator=gen).to(LOW).to(DEVICE)
+    caches, buf = paged_caches(layers, num_blocks, block_size, kv_lora + r, layout, gen, LOW, DEVICE)
+    caches = list(caches)
+    rows = layers if per_layer else 1
+    slots = torch.stack([torch.randperm(num_blocks * block_size, generator=gen)[:tokens] for _ in range(rows)])
+    slots[:, seed % 3:: 3] = -1
+    slots = slots.to(DEVICE).expand(layers, tokens)
+    before = buf.clone()
+    ops.insert_grouped(kv_c, k_pe, caches, slots)
+    expected = before.clone()
+    views = same_views(caches, buf, expected)
+    for layer in range(layers):
+        s = slots[layer]
+        keep = s >= 0
+        views[layer][s[keep] // block_size, s[keep] % block_size] = torch.cat([kv_c[layer], k_pe[layer]], -1)[keep]
+    assert_bitwise(buf, expected, f"the {layout} caches' buffer after the grouped insert")

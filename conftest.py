@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, Phase, settings
 
 from engines import registry
 from oracles import ledger
-from oracles.drift import COLLECTOR
+from oracles.drift import COLLECTOR, SM100_NOTE, covers_vllm_attn_res
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 if not torch.cuda.is_available():
@@ -173,6 +173,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         return
     tr.section("k3-numerics drift: worst err/budget ratio per engine and subject")
     tr.write_line(summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    if covers_vllm_attn_res(summary):
+        tr.write_line(SM100_NOTE)
     written = getattr(config, "_k3num_csv", None)
     if written:
         tr.write_line(f"drift CSV: {written[0]} ({written[1]} records)")

@@ -369,7 +369,7 @@ def build() -> base.Engine:
         raise EngineUnavailable(f"vllm {PIN.version}: {e}") from e
     if ops is not None:
         mode += OPS_SUFFIX
-    else:
+    elif not interpret:  # on a CUDA machine, say how the real ops would be had
         note = "; ".join(filter(None, [note, f"compiled ops are stand-ins: {ops_note}"]))
     m = fetch.verified_manifest("vllm")
     sha = {base.ATTN_RES: m[ATTN_RES_PY], base.AUX_CAPTURE: m[MODEL_PY], base.CONTEXT_KV_FUSED: m[DSPARK_PY]}

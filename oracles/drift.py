@@ -57,6 +57,15 @@ class DriftCollector:
         return summarize(self.frame())
 
 
+SM100_NOTE = ("vllm attn_res rows: the Triton kernel. On Blackwell (SM100) at hidden 7168 vLLM dispatches to a native "
+              "CUDA op (ops.kimi_k3_attn_res) instead; these rows do not cover it.")
+
+
+def covers_vllm_attn_res(df: pd.DataFrame) -> bool:
+    """Whether a table holds vLLM attn_res rows (which then carry SM100_NOTE)."""
+    return bool(((df["engine"] == "vllm") & (df["subject"] == "attn_res")).any())
+
+
 def summarize(df: pd.DataFrame, keys: Sequence[str] = ("engine", "subject")) -> pd.DataFrame:
     """Worst ratio per group of judged records (verdict not info), with the record count, failures,
     and failures filed in the known-divergence ledger (counted apart); with the worst group's

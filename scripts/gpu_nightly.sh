@@ -71,7 +71,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from oracles.drift import summarize
+from oracles.drift import SM100_NOTE, covers_vllm_attn_res, summarize
 
 out, engines = Path(sys.argv[1]), sys.argv[2:]
 frames = [pd.read_csv(out / f"drift-{e}.csv") for e in engines if (out / f"drift-{e}.csv").exists()]
@@ -81,6 +81,8 @@ df = pd.concat(frames, ignore_index=True)
 df.to_csv(out / "drift.csv", index=False)
 t = summarize(df, ["engine", "mode", "device", "subject", "property"])
 print(t.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+if covers_vllm_attn_res(t):
+    print(SM100_NOTE)
 PY
 cat "$out/summary.md"
 echo "gpu_nightly: done in $((SECONDS - start)) s, exit $status"

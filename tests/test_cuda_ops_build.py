@@ -1,0 +1,167 @@
+"""`k3num build-ops` and the csrc it builds from, on a machine without CUDA (issue 10).
+
+The build itself runs on a CUDA machine (docs/gpu-run.md, runs 14-16); here: the sdist's include
+closure is extracted and pinned, a changed csrc tree is reported, the registration file takes its
+schemas from the sdist's own bindings (a removed op is "contract changed"), compile errors are
+reported by file and line, and without CUDA the mode is absent and says why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from engines import cuda_ops, fetch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _sdist(path: Path, files: dict[str, str]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:gz") as tf:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"toy-1.0/{name}")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return path
+
+
+TOY = {
+    "csrc/kernels.cu": '#include "ops.h"\n#include "core/util.cuh"\n#include <cuda.h>\n#include "missing.h"\n',
+    "csrc/ops.h": '#include "torch_utils.h"\n',
+    "csrc/torch_utils.h": "// helpers\n",
+    "csrc/core/util.cuh": '#include "../torch_utils.h"\n#include "near.h"\n',
+    "csrc/core/near.h": "// found next to its includer\n",
+    "csrc/unrelated.cu": "// never included\n",
+}
+
+
+@pytest.fixture
+def toy_sdist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("K3NUM_ENGINE_CACHE", str(tmp_path))
+    archive = _sdist(tmp_path / "sdists" / "toy-1.0.tar.gz", TOY)
+    monkeypatch.setitem(fetch.PINS, "toy", fetch.Pin("toy", "toy", "1.0", "0" * 64, ()))
+    monkeypatch.setitem(fetch.SDISTS, "toy", fetch.SdistPin("toy", "toy-1.0.tar.gz", fetch.sha256_of(archive),
+                                                            ("csrc/kernels.cu",)))
+    return archive
+
+
+def test_the_include_closure_of_the_roots_is_extracted_and_nothing_else(toy_sdist: Path) -> None:
+    root = fetch.fetch_csrc("toy", log=lambda _: None)
+    got = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != fetch.MANIFEST)
+    assert got == ["csrc/core/near.h", "csrc/core/util.cuh", "csrc/kernels.cu", "csrc/ops.h", "csrc/torch_utils.h"]
+    assert fetch.csrc_problems("toy") == []
+
+
+def test_a_changed_csrc_tree_is_named_and_fetch_restores_it(toy_sdist: Path) -> None:
+    root = fetch.fetch_csrc("toy", log=lambda _: None)
+    (root / "csrc/ops.h").write_text("// edited\n")
+    problems = fetch.csrc_problems("toy")
+    assert len(problems) == 1 and "csrc/ops.h: expected sha256" in problems[0]
+    fetch.fetch_csrc("toy", log=lambda _: None)
+    assert fetch.csrc_problems("toy") == [] and (root / "csrc/ops.h").read_text() == TOY["csrc/ops.h"]
+
+
+def test_an_sdist_that_fails_its_pin_is_refused_and_deleted(toy_sdist: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(fetch.SDISTS, "toy", fetch.SdistPin("toy", "toy-1.0.tar.gz", "1" * 64, ("csrc/kernels.cu",)))
+    with pytest.raises(fetch.FetchError, match="the pin is 1{64}: refused and deleted"):
+        fetch.fetch_csrc("toy", log=lambda _: None)
+    assert not toy_sdist.exists()
+
+
+def test_a_manifest_that_differs_from_its_pin_is_refused(toy_sdist: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pin = fetch.SDISTS["toy"]
+    monkeypatch.setitem(fetch.SDISTS, "toy", fetch.SdistPin(pin.engine, pin.filename, pin.sha256, pin.roots,
+                                                            manifest_sha256="2" * 64))
+    with pytest.raises(fetch.FetchError, match="SdistPin.manifest_sha256 is 2{64}"):
+        fetch.fetch_csrc("toy", log=lambda _: None)
+
+
+BINDINGS = '''
+STABLE_TORCH_LIBRARY_FRAGMENT(_C, ops) {
+  ops.def(
+      "rms_norm(Tensor! result, Tensor input, Tensor? weight, float epsilon) "
+      "-> ()");
+  ops.def("rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size,"
+          " Tensor cos_sin_cache, bool is_neox) -> ()");
+  ops.def("concat_and_cache_mla_grouped(Tensor a) -> ()");
+}
+STABLE_TORCH_LIBRARY_FRAGMENT(_C_cache_ops, ops) {
+  ops.def(
+      "concat_and_cache_mla_grouped(Tensor kv_c, Tensor k_pe,"
+      "                             Tensor kv_cache_ptrs) -> ()");
+}
+'''
+
+
+def test_schemas_are_read_from_the_namespace_the_wrappers_call() -> None:
+    sch = cuda_ops.schemas(BINDINGS)
+    assert sch[("_C", "rms_norm")] == "rms_norm(Tensor! result, Tensor input, Tensor? weight, float epsilon) -> ()"
+    # the _C namespace's homonym is not the cache op
+    assert sch[("_C_cache_ops", "concat_and_cache_mla_grouped")] == (
+        "concat_and_cache_mla_grouped(Tensor kv_c, Tensor k_pe, Tensor kv_cache_ptrs) -> ()")
+    src = cuda_ops.registration_source(BINDINGS)
+    for ns, op in cuda_ops.OPS:
+        assert f'm.impl("{op}", TORCH_BOX(&{op}));' in src
+    assert src.count("STABLE_TORCH_LIBRARY_FRAGMENT(") == 2 and '#include "ops.h"' in src
+
+
+def test_a_bindings_file_without_an_op_is_a_changed_contract() -> None:
+    with pytest.raises(cuda_ops.BuildError, match=r"contract changed: csrc/torch_bindings.cpp no longer declares "
+                                                  r"\['_C::rotary_embedding'\]"):
+        cuda_ops.schemas(BINDINGS.replace("rotary_embedding(", "rotary_embedding_v2("))
+
+
+def test_the_pinned_sdists_bindings_declare_the_three_ops() -> None:
+    path = fetch.csrc_dir("vllm") / cuda_ops.BINDINGS
+    if fetch.csrc_problems("vllm"):
+        pytest.skip("vLLM's csrc is not fetched here: run `k3num fetch vllm-csrc`")
+    sch = cuda_ops.schemas(path.read_text())
+    assert sch[("_C_cache_ops", "concat_and_cache_mla_grouped")].startswith(
+        "concat_and_cache_mla_grouped(Tensor kv_c, Tensor k_pe, Tensor kv_cache_ptrs, Tensor slot_mapping, "
+        "int block_size, int block_stride, int entry_stride")
+
+
+@pytest.mark.parametrize("log, want", [
+    ("[1/4] nvcc ...\n/c/csrc/cache_kernels.cu(1483): error: namespace \"vllm::fp8\" has no member \"x\"\n"
+     "/c/csrc/cache_kernels.cu(1490): error: later\n", "/c/csrc/cache_kernels.cu:1483: namespace \"vllm::fp8\" has no "
+                                                      "member \"x\""),
+    ("In file included from a.cpp:1:\n/c/csrc/ops.h:12:5: error: 'foo' was not declared\n",
+     "/c/csrc/ops.h:12: 'foo' was not declared"),
+    ("/c/k3num_registration.cpp:3:10: fatal error: ops.h: No such file or directory\n",
+     "/c/k3num_registration.cpp:3: ops.h: No such file or directory"),
+])
+def test_the_first_compiler_error_is_named_by_file_and_line(log: str, want: str) -> None:
+    assert str(cuda_ops.first_compile_error(log)) == want
+
+
+def test_the_build_key_follows_sdist_torch_and_arch() -> None:
+    assert cuda_ops.build_key("90") != cuda_ops.build_key("100")
+    assert torch.__version__.replace("+", "_") in cuda_ops.build_key("90")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_without_cuda_the_build_is_refused_and_the_mode_says_why() -> None:
+    with pytest.raises(cuda_ops.BuildError, match="no CUDA device"):
+        cuda_ops.build(log=lambda _: None)
+    assert cuda_ops.load() == (None, "no CUDA device: the ops are CUDA kernels (torch.cuda.is_available() is False)")
+    proc = subprocess.run([sys.executable, "-m", "engines.cli", "build-ops"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 1 and "[build-ops] ERROR: no CUDA device" in proc.stderr
+
+
+def test_the_cli_lists_every_subcommand() -> None:
+    proc = subprocess.run([sys.executable, "-m", "engines.cli", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0 and "fetch" in proc.stdout and "build-ops" in proc.stdout
+
+
+def test_the_vllm_csrc_pin_names_its_manifest() -> None:
+    assert len(fetch.SDISTS["vllm"].manifest_sha256) == 64
+    assert hashlib.sha256(b"").hexdigest() != fetch.SDISTS["vllm"].manifest_sha256

@@ -55,8 +55,10 @@ DSPARK_PY = "vllm/models/kimi_k3/nvidia/dspark_mla.py"
 UTILS_PY = "vllm/model_executor/models/utils.py"
 CUSTOM_OPS_PY = "vllm/_custom_ops.py"
 STANDIN_OPS = "stand-in: ops.rms_norm, ops.rotary_embedding, concat_and_cache_mla_grouped, do_kv_cache_update"
-IMPORT_OPS = ("real: ops.rms_norm, ops.rotary_embedding, concat_and_cache_mla_grouped; stand-in: "
-              "do_kv_cache_update (the attention backend's per-layer write, taken when a layer has no slots)")
+# the one op of the path that stays a stand-in in every mode: it is the attention backend's, not vLLM's _custom_ops
+PER_LAYER_WRITE_STANDIN = ("stand-in: do_kv_cache_update (the attention backend's per-layer write, taken when a layer "
+                           "has no slots)")
+IMPORT_OPS = f"real: ops.rms_norm, ops.rotary_embedding, concat_and_cache_mla_grouped; {PER_LAYER_WRITE_STANDIN}"
 # what import mode binds, and the compiled ops the bound code calls (vllm/_custom_ops.py)
 IMPORT_MODULES = (ATTN_RES_PY, MODEL_PY, DSPARK_PY, UTILS_PY, CUSTOM_OPS_PY)
 IMPORT_CUDA_OPS = (("_C", "rms_norm"), ("_C", "rotary_embedding"), ("_C_cache_ops", "concat_and_cache_mla_grouped"))
@@ -337,8 +339,7 @@ def _built_ops(root: Path, interpret: bool) -> tuple[Any | None, str, str]:
     ns = {"torch": torch}
     ops = types.SimpleNamespace(**{name: source.lift(root / CUSTOM_OPS_PY, name, ns) for name in BUILT_OPS})
     return ops, (f"real (built by k3num build-ops from {fetch.SDISTS['vllm'].filename}, sha256 "
-                 f"{fetch.SDISTS['vllm'].sha256[:12]}...): {', '.join(BUILT_OPS)}; stand-in: do_kv_cache_update (the "
-                 "attention backend's per-layer write, taken when a layer has no slots)"), ""
+                 f"{fetch.SDISTS['vllm'].sha256[:12]}...): {', '.join(BUILT_OPS)}; {PER_LAYER_WRITE_STANDIN}"), ""
 
 
 # the compiled ops `_precompute_fused_context_kv` calls, by their vllm/_custom_ops.py wrapper names

@@ -40,13 +40,14 @@ def _ops(engine):
     return ops
 
 
-def _elementwise(engine, prop: str, op: str, out: torch.Tensor, ref: torch.Tensor, rtol: float, seed: int,
-                 n: int, detail: str) -> None:
-    """Judge |out - ref| <= rtol |ref| elementwise: both sides scaled by |ref| (zeros: by 1)."""
-    scale = ref.abs().clamp_min(torch.finfo(torch.float64).tiny)
-    budget = budgets.Budget(rtol, f"elementwise |out-ref|<=rtol*|ref|, rtol={rtol:.3g} (rounded once)")
+def _elementwise(engine, prop: str, op: str, out: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor, rtol: float,
+                 rule: str, seed: int, n: int, detail: str) -> None:
+    """Judge |out - ref| <= rtol * scale elementwise: both sides divided by scale (floored at the
+    smallest normal float64, so a zero scale cannot divide by zero)."""
+    scale = scale.clamp_min(torch.finfo(torch.float64).tiny)
     report(judge(property=prop, engine=engine, subject=op, actual=up(out) / scale, reference=ref / scale,
-                 budget=budget, seed=seed, reduction_len=n, detail=detail))
+                 budget=budgets.Budget(rtol, f"elementwise {rule}, rtol={rtol:.3g} (rounded once)"), seed=seed,
+                 reduction_len=n, detail=detail))
 
 
 @given(seed=seeds, layers=st.integers(1, 6), tokens=st.integers(1, 40), dim=st.sampled_from([64, 128, 512]))
@@ -59,8 +60,8 @@ def test_grouped_rms_norm_row_l_is_normed_by_weight_row_l_in_fp32_rounded_once(e
     ref = torch.stack([rmsnorm.rms_norm(up(x[layer]), up(w[layer]), EPS) for layer in range(layers)])
     # fp32 terms: the sum of squares (gamma_D / 2 in the rsqrt), rsqrt, mean, two products: 4 u32
     eps32 = budgets.gamma(dim, budgets.U32) / 2 + 4 * budgets.U32
-    _elementwise(engine, "grouped_rms_norm_rounded_once", "ops.rms_norm", out, ref,
-                 budgets.rounded_once_rtol(LOW, eps32), seed, dim, f"L={layers};D={dim}")
+    _elementwise(engine, "grouped_rms_norm_rounded_once", "ops.rms_norm", out, ref, ref.abs(),
+                 budgets.rounded_once_rtol(LOW, eps32), "|out-ref|<=rtol*|ref|", seed, dim, f"L={layers};D={dim}")
     perm = torch.randperm(layers, generator=gen).to(DEVICE)
     assert_bitwise(ops.rms_norm_grouped(x[perm].contiguous(), w[perm].contiguous(), EPS), out[perm],
                    "grouped rms_norm with the groups and their weight rows permuted together")
@@ -93,11 +94,10 @@ def test_rotary_embedding_rotates_in_fp32_rounded_once(engine, seed, rows, neox,
     u = budgets.unit_roundoff(LOW)
     pair = torch.sqrt(a * a + b * b)
     pair = torch.cat([pair, pair], -1) if neox else torch.stack([pair, pair], -1).flatten(-2)
-    scale = (ref.abs() + (1 + u) * 2.5 * budgets.U32 / u * pair).clamp_min(torch.finfo(torch.float64).tiny)
-    budget = budgets.Budget(u, "elementwise |out-ref|<=u*(|ref|+(1+u)*2.5*u32/u*|pair|) (rounded once)")
-    report(judge(property="rotary_rounded_once", engine=engine, subject="ops.rotary_embedding",
-                 actual=up(out)[:, 0] / scale, reference=ref / scale, budget=budget, seed=seed, reduction_len=2,
-                 detail=f"{'neox' if neox else 'gptj'};R={r};max_pos={max_pos}"))
+    scale = ref.abs() + (1 + u) * 2.5 * budgets.U32 / u * pair
+    _elementwise(engine, "rotary_rounded_once", "ops.rotary_embedding", out[:, 0], ref, scale, u,
+                 "|out-ref|<=u*(|ref|+(1+u)*2.5*u32/u*|pair|)", seed, 2,
+                 f"{'neox' if neox else 'gptj'};R={r};max_pos={max_pos}")
 
 
 @given(seed=seeds, layers=st.integers(1, 6), tokens=st.integers(1, 48), per_layer=st.booleans(),

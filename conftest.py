@@ -182,8 +182,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from engines import installed
-    from engines.fetch import PINS
+    from engines.fetch import PINS, ledger_version
 
+    versions: dict[str, str] = {}
     for item in items:  # known divergences: strict xfail, so an upstream fix turns the case red
         callspec = getattr(item, "callspec", None)
         name = callspec.params.get("engine") if callspec else None
@@ -192,7 +193,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         pin = PINS.get(name.split("-")[0])
         # the mode the engine's build takes here (ledger entries can be limited to modes)
         mode = installed.expected_mode(pin.engine) if pin else "reference"
-        entry = ledger.lookup(name, pin.version if pin else "", getattr(item, "originalname", item.name), mode)
+        # a local tree that is not the pinned bytes (a patch, a checkout) is judged plainly
+        version = versions.setdefault(pin.engine, ledger_version(pin.engine)) if pin else ""
+        entry = ledger.lookup(name, version, getattr(item, "originalname", item.name), mode)
         if entry is not None:
             item.add_marker(pytest.mark.xfail(strict=True, reason=f"{entry.id} ({entry.upstream}): {entry.what}"))
             item.k3num_ledger = entry.id  # type: ignore[attr-defined]  # read by _ledger_context

@@ -49,21 +49,51 @@ DRAFT_CONTEXT_KV = "draft_context_kv"
 ATTN_RES_MIX = "attn_res_mix"  # the public entry point (dispatches on shape and platform)
 ATTN_RES_MIX_TRITON = "attn_res_mix_triton"  # the Triton score + combine kernels
 ATTN_RES_MIX_EAGER = "attn_res_mix_eager"  # the eager PyTorch reference of the engine
+# the model-level aggregation point (SGLang's AttnResidual.forward): (prefix [T,H], bank [T,NB,H], nvb,
+# norm_weight [H], proj_weight [H], out_norm_weight [H], eps) -> out_norm(mixture) [T,H]; the bank's
+# first nvb rows are inherited (as from the previous PP rank), the rest are not read
+ATTN_RES_RESIDUAL = "attn_res_residual"
 
 SUBJECTS = (
     CONTEXT_KV_FUSED, CONTEXT_KV_UNFUSED, ATTN_RES, AUX_CAPTURE, STAGE_PARTIAL,
     FINALIZE_PROJECTION, PROJECT_UNSHARDED, DRAFT_CONTEXT_KV, ATTN_RES_MIX, ATTN_RES_MIX_TRITON,
-    ATTN_RES_MIX_EAGER,
+    ATTN_RES_MIX_EAGER, ATTN_RES_RESIDUAL,
 )
 
 Subject = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class PPTapPlan:
+    """The plan of extras["pp_taps"] (the aux taps across pipeline-parallel stages):
+    (plan, embeddings [T,H], weights: AttnResWeights, layer_scale [L,H], eps) -> the taps the last
+    stage hands the draft, in order (list of [T,H]); StageRefused when the engine refuses the plan.
+
+    num_layers decoder layers; taps: aux tap ids (t = the stream after layer t - 1; 0 = the
+    embeddings); stage_ends: the stage boundaries, e.g. (3, 5) for stages [0,3) [3,5) [5,L) (empty:
+    one stage); block_size: the AttnRes block size; aux_stream: VLLM_KIMI_K3_AUX_ATTN_RES_STREAM (taps
+    mixed with the consuming layer's weights) or prefix taps."""
+
+    num_layers: int
+    taps: tuple[int, ...]
+    stage_ends: tuple[int, ...]
+    block_size: int
+    aux_stream: bool
+
+    def stages(self) -> list[tuple[int, int]]:
+        cuts = [0, *self.stage_ends, self.num_layers]
+        return list(zip(cuts[:-1], cuts[1:]))
+
+
+class StageRefused(RuntimeError):
+    """The engine refused a PP plan while setting it up (its own check, with its message)."""
 
 
 class SubjectMissing(LookupError):
     """The engine does not provide this subject (the reason says why)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Engine:
     """An implementation under test.
 
@@ -90,6 +120,13 @@ class Engine:
     # engine-specific contracts outside the subject interfaces (e.g. vLLM's weight loading)
     extras: dict[str, Any] = field(default_factory=dict)
     mode_note: str = ""
+
+    def __repr__(self) -> str:
+        """One line (name, version, mode): hypothesis prints the engine in every falsifying example."""
+        return f"Engine({self.name} {self.version}, {self.mode})"
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:  # noqa: ANN001  (hypothesis' pretty printer)
+        printer.text(repr(self))
 
     def subject(self, name: str) -> Subject:
         if name not in SUBJECTS:

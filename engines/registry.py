@@ -65,8 +65,8 @@ def build(name: str) -> Engine:
 
 # the real engines: registry name -> (adapter module, factory); built only when first asked for
 _REAL = {
-    "vllm": ("engines.vllm_engine", "build"),
-    "vllm-rocm": ("engines.vllm_engine", "build_rocm"),
+    "vllm": ("engines.vllm_adapter", "build"),
+    "vllm-rocm": ("engines.vllm_adapter", "build_rocm"),
     "tokenspeed": ("engines.tokenspeed_engine", "build"),
     "sglang": ("engines.sglang_engine", "build"),
 }

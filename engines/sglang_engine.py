@@ -28,7 +28,7 @@ from typing import Any, List, Tuple
 
 import torch
 
-from engines import base, fetch, installed, source, standins
+from engines import base, fetch, installed, source, standins, triton_support
 from engines.registry import EngineUnavailable
 
 PIN = fetch.PINS["sglang"]
@@ -62,9 +62,7 @@ def build() -> base.Engine:
         raise EngineUnavailable(f"sglang {PIN.version}: {e}") from e
     interpret = not torch.cuda.is_available()
     if interpret:
-        from engines.vllm_engine import require_interpreter
-
-        require_interpreter()
+        triton_support.require_interpreter()
     mod = _load_attn_residual(root / ATTN_PY, interpret)
     fkw = _load_plain_triton(root / FKW_PY, interpret, "fused_kv_write")
     try:
@@ -92,9 +90,10 @@ def _engine(version: str, mode: str, real_ops: str, mod: Any, fkw: Any, pairs: A
             sha: Any, interpret: bool, note: str) -> base.Engine:
     subjects = {base.DRAFT_CONTEXT_KV: _draft_kv_subject(fkw.fused_kv_norm_rope_write, kv_only),
                 base.PROJECT_UNSHARDED: unsharded,
-                base.ATTN_RES_MIX: _mix_subject(mod.aggregate_stream, dispatches=True, interpret=interpret),
-                base.ATTN_RES_MIX_TRITON: _mix_subject(mod._mix_fused, triton_only=True, interpret=interpret),
-                base.ATTN_RES_MIX_EAGER: _mix_subject(mod.aggregate_stream_torch)}
+                base.ATTN_RES_MIX: _mix_subject(mod.aggregate_stream),
+                base.ATTN_RES_MIX_TRITON: _mix_subject(mod._mix_fused, triton_only=True),
+                base.ATTN_RES_MIX_EAGER: _mix_subject(mod.aggregate_stream_torch),
+                base.ATTN_RES_RESIDUAL: _residual_subject(mod.AttnResidual)}
     return base.Engine(
         name="sglang", version=version, mode=mode, subjects=subjects, real_ops=real_ops,
         source_sha256={**{s: sha(ATTN_PY) for s in subjects}, base.DRAFT_CONTEXT_KV: sha(FKW_PY),
@@ -103,8 +102,13 @@ def _engine(version: str, mode: str, real_ops: str, mod: Any, fkw: Any, pairs: A
         # the raw write kernel is for bench/engine_kernels.py (its bandwidth without the K/V GEMMs);
         # the eager path rounds the normed rows and the scores to bf16 before its softmax
         extras={"transfer_pairs": pairs, "fused_kv_norm_rope_write": fkw.fused_kv_norm_rope_write,
-                "logit_dtype": {base.ATTN_RES_MIX_EAGER: torch.bfloat16, base.ATTN_RES_MIX: _dispatched_logit_dtype}},
-        storage_rounding=None, rounding="toward_zero" if interpret else "nearest", mode_note=note,
+                "logit_dtype": {base.ATTN_RES_MIX_EAGER: torch.bfloat16, base.ATTN_RES_MIX: _dispatched_logit_dtype,
+                                # off the 1024 grid the model's path has no defined numerics in 0.5.23 (its
+                                # Triton pair reads and writes by whole 1024 tiles, K3N-008); the budget there
+                                # is that of the eager fallback aggregate_stream takes for those shapes
+                                base.ATTN_RES_RESIDUAL: _dispatched_logit_dtype}},
+        storage_rounding=None, rounding="toward_zero" if interpret else "nearest",
+        mode_note="; ".join(filter(None, [note, triton_support.RUNTIME_RANGE_ADAPTATION if interpret else ""])),
     )
 
 
@@ -190,8 +194,9 @@ def _draft_kv_subject(write: Any, kv_only: Any) -> Any:
         kv = torch.cat(per_layer, -1).contiguous()  # [T, L * 2 * KV]
         max_pos = int(positions.max()) + 1 if positions.numel() else 1
         cache = rope_cache(rope, max_pos, torch.float32, ctx.device).contiguous()  # [P, ROT] = [cos | sin]
-        k_bufs = [torch.zeros(n, width, dtype=torch.bfloat16, device=ctx.device) for _ in range(num_layers)]
-        v_bufs = [torch.zeros(n, width, dtype=torch.bfloat16, device=ctx.device) for _ in range(num_layers)]
+        # the pools are left uninitialised (the poisoned-memory property fills them): every element is the kernel's
+        k_bufs = [torch.empty(n, width, dtype=torch.bfloat16, device=ctx.device) for _ in range(num_layers)]
+        v_bufs = [torch.empty(n, width, dtype=torch.bfloat16, device=ctx.device) for _ in range(num_layers)]
         meta = torch.tensor([[k.data_ptr(), v.data_ptr(), width, width] for k, v in zip(k_bufs, v_bufs)],
                             dtype=torch.int64, device=ctx.device)
         locs = torch.arange(n, device=ctx.device)
@@ -205,30 +210,52 @@ STANDINS = "stand-in: sglang RMSNorm layer (fp32 math, one rounding), Replicated
 
 
 def _load_attn_residual(path: Path, interpret: bool) -> types.ModuleType:
-    import triton  # noqa: F401  (imported before the stubs go in, so it stays in sys.modules)
-    import triton.language  # noqa: F401
+    triton, _ = triton_support.triton_modules("sglang")  # imported before the stubs go in: it stays in sys.modules
 
     stubs = {name: source.stub(name) for name in ("sglang", "sglang.srt", "sglang.srt.layers")}
     stubs["sglang.srt.layers.layernorm"] = source.stub("sglang.srt.layers.layernorm", RMSNorm=standins.RMSNorm)
     stubs["sglang.srt.layers.linear"] = source.stub("sglang.srt.layers.linear", ReplicatedLinear=standins.Linear)
     stubs["sglang.srt.utils"] = source.stub("sglang.srt.utils", is_cuda=torch.cuda.is_available,
                                             is_hip=lambda: False, is_npu=lambda: False)
-    return source.load_kernel_module(path, "k3num_engine.sglang.attn_residual", stubs, interpret=interpret)
+    if not interpret:
+        return source.load_kernel_module(path, "k3num_engine.sglang.attn_residual", stubs, interpret=False)
+    # _combine_kernel loops `range(0, NVB + 1)` over a runtime argument: the interpreter needs the
+    # declared adaptation (engines.triton_support.RUNTIME_RANGE_ADAPTATION) to run it
+    if not path.exists():
+        raise source.SourceError(f"missing engine source {path} (run `k3num fetch`)")
+    tree, _ = triton_support.index_runtime_ranges(path.read_text(), str(path))
+    mod = types.ModuleType("k3num_engine.sglang.attn_residual")
+    mod.__dict__[triton_support.INDEX_HELPER] = triton_support.interpreter_index
+    code = compile(tree, f"<{path.name} (k3num source-interpreter)>", "exec")
+    with source.stubbed(stubs):
+        exec(code, mod.__dict__)
+    return mod
 
 
-INTERPRETER_GAP = ("the Triton interpreter cannot run _combine_kernel's loop `range(0, NVB + 1)` over a runtime "
-                   "kernel argument (a variant of BRIEF §4 quirk b): the Triton pair runs on the GPU only")
-
-
-def _mix_subject(fn: Any, *, triton_only: bool = False, dispatches: bool = False, interpret: bool = False) -> Any:
+def _mix_subject(fn: Any, *, triton_only: bool = False) -> Any:
     def mix(prefix: torch.Tensor, bank: torch.Tensor, nvb: int, norm_weight: torch.Tensor,
             proj_weight: torch.Tensor, eps: float) -> torch.Tensor:
         if triton_only and prefix.shape[1] % 1024:
-            raise NotImplementedError("SGLang's _mix_fused needs hidden % 1024 == 0 (BLOCK_H 1024)")
-        triton_path = triton_only or (dispatches and _takes_triton(prefix.shape[1], nvb))
-        if interpret and triton_path:
-            raise NotImplementedError(INTERPRETER_GAP)
+            raise NotImplementedError("SGLang's _mix_fused needs hidden % 1024 == 0 (BLOCK_H 1024); the model's "
+                                      "path to it is bound as attn_res_residual, without this guard")
         # a fresh proj object per call: get_cw caches norm * proj on it
         return fn(prefix, bank, nvb, standins.Linear(proj_weight.unsqueeze(0)), standins.RMSNorm(norm_weight, eps))
 
     return mix
+
+
+def _residual_subject(cls: Any) -> Any:
+    """ATTN_RES_RESIDUAL through the model-level class: `AttnResidual(prefix, NB, bank[:, :nvb])` (the
+    bank inherited from the previous PP rank, copied into the instance's own `new_empty` bank), then
+    `forward(prefix, None, proj, norm, out_norm)`; returns the normed mixture. No adapter guard: the
+    shapes reach the kernels exactly as the model would send them."""
+
+    def residual(prefix: torch.Tensor, bank: torch.Tensor, nvb: int, norm_weight: torch.Tensor,
+                 proj_weight: torch.Tensor, out_norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
+        # nvb 0 is layer 0: nothing banked; forward then returns out_norm(prefix)
+        state = cls(prefix, bank.shape[1], bank[:, :nvb] if nvb else None)
+        normed, _ = state.forward(prefix, None, standins.Linear(proj_weight.unsqueeze(0)),
+                                  standins.RMSNorm(norm_weight, eps), standins.RMSNorm(out_norm_weight, eps))
+        return normed
+
+    return residual

@@ -45,6 +45,10 @@ class Record:
     verdict: str
     detail: str = ""
     ledger: str = ""  # the known-divergence entry (oracles/ledger.py) this case is filed under, if any
+    # repeat properties (oracles.hunt): calls made on bitwise-identical inputs, and how many
+    # bitwise-distinct results they gave (0, 0 for a single comparison)
+    calls: int = 0
+    distinct: int = 0
     extra: dict[str, object] = field(default_factory=dict)
 
     def row(self) -> dict[str, object]:

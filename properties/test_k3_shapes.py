@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 
 from fixtures.builders import CACHE_LAYOUTS
 from fixtures.strategies import AttnResCase, DraftKVCase, ProjectionCase, k3_context_kv_case, k3_tokens, seeds
+from oracles import hunt
+from properties.support import subject
 from properties.test_attn_res import check_attn_res_within_rounding_budget
 from properties.test_attn_res_mix import SUBJECTS as MIX_SUBJECTS
 from properties.test_attn_res_mix import check_read_only_mixture
@@ -28,6 +30,7 @@ from properties.test_context_kv import (
     check_layer_outputs_follow_their_row_block,
     check_no_slot_mapping_writes_nothing,
 )
+from properties.test_determinism import attn_res_cloned, check_deterministic
 from properties.test_draft_kv import check_draft_kv_within_rounding_budget
 from properties.test_partial_projection import TRANSFER, check_sharded_within_budget_of_unsharded
 from refmodel import geometry
@@ -70,6 +73,18 @@ def test_k3_attn_res_within_rounding_budget_of_oracle(engine, seed: int, tokens:
     case = AttnResCase(tokens, 7168, 8, num_blocks, -1 if num_blocks == 8 else num_blocks, delta, onorm, seed,
                        1.0, 30.0)
     check_attn_res_within_rounding_budget(engine, case, DEVICE)
+
+
+@given(seed=seeds, tokens=st.integers(1, 64), num_blocks=st.integers(0, 8), delta=st.booleans(), onorm=st.booleans(),
+       write=st.booleans())
+def test_k3_attn_res_repeated_calls_are_bitwise_identical(engine, seed: int, tokens: int, num_blocks: int,
+                                                         delta: bool, onorm: bool, write: bool) -> None:
+    """The determinism hunt (oracles.hunt: 152 calls per case) at hidden 7168 with 8 committed blocks,
+    decode-sized token counts (the 4-source tile of fewer than 256 tokens), the model's bank write."""
+    case = AttnResCase(tokens, 7168, 9, num_blocks, num_blocks if write else -1, delta, onorm, seed, 1.0, 30.0)
+    fn = subject(engine, "attn_res")
+    check_deterministic(engine, "attn_res", attn_res_cloned(engine, fn, case, DEVICE), hunt.repeats_for(DEVICE), seed,
+                        detail=f"K3;T={tokens};nb={num_blocks};delta={delta};onorm={onorm};write={write}")
 
 
 @pytest.mark.parametrize("name", MIX_SUBJECTS)

@@ -339,7 +339,86 @@ class _BrokenOps(standins.ContextKVOps):
 
 OPS_MUTANTS = ("norm_rounded_twice", "norm_weight_row_0", "rotary_rounded_twice", "insert_pointers_in_address_order")
 
-ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS, *TRANSFER_MUTANTS, *OWNER_MUTANTS, *OPS_MUTANTS])
+# --- the hunt's families (oracles/hunt.py): state kept between calls, rows left unwritten, reads past
+# the rows a call may read, taps lost between PP stages
+
+
+class _StaleWorkspace:
+    """A kernel that accumulates its result into a workspace it allocates once and never clears (the
+    state-between-calls bug): the first call is right, every later one is not."""
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn, self.ws = fn, {}
+
+    def __call__(self, prefix, *args):
+        out = self.fn(prefix, *args)
+        ws = self.ws.setdefault((tuple(out.shape), out.device), torch.zeros(out.shape, device=out.device))
+        ws.add_(out.float())
+        return ws.to(out.dtype)
+
+
+def _attn_res_last_token_unwritten(prefix, *args):
+    """The output allocated uninitialised and every token's row written but the last (a grid one block
+    short)."""
+    full = m_attn.attn_res(prefix, *args)
+    out = torch.empty_like(full)
+    out[:-1] = full[:-1]
+    return out if full.shape[0] > 1 else full
+
+
+def _mix_reads_row_past_nvb(prefix, bank, nvb, norm, proj, eps):
+    """The bank rows loaded without the nvb mask: one row past the valid ones is mixed in."""
+    return m_attn.mix_read_only(prefix, bank, min(nvb + 1, bank.shape[1]) if nvb else 0, norm, proj, eps)
+
+
+def _residual_tail_unwritten(prefix, bank, nvb, norm, proj, out_norm, eps):
+    """Columns written by whole 64-wide tiles only (the grid's H // 64): the tail stays uninitialised."""
+    full = m_attn.aggregate_normed(prefix, bank, nvb, norm, proj, out_norm, eps)
+    out = torch.empty_like(full)
+    cols = full.shape[1] // 64 * 64
+    out[:, :cols] = full[:, :cols]
+    return out
+
+
+HUNT_MUTANTS: dict[str, dict[str, base.Subject]] = {
+    "attn_res_stale_workspace": {base.ATTN_RES: _StaleWorkspace(m_attn.attn_res)},
+    "mix_stale_workspace": {base.ATTN_RES_MIX_EAGER: _StaleWorkspace(m_attn.mix_read_only)},
+    "attn_res_last_token_unwritten": {base.ATTN_RES: _attn_res_last_token_unwritten},
+    "mix_reads_row_past_nvb": {base.ATTN_RES_MIX_TRITON: _mix_reads_row_past_nvb},
+    "residual_tail_unwritten": {base.ATTN_RES_RESIDUAL: _residual_tail_unwritten},
+}
+MUTANTS.update(HUNT_MUTANTS)
+
+
+def _pp_mutant(bug: str) -> Callable:
+    """vLLM's real PP forward loop (engines/vllm_adapter/pp_forward.py) with one piece broken."""
+    from engines import fetch
+    from engines.vllm_adapter import pp_forward
+
+    def relay_nothing(self, intermediate_tensors, output_intermediate_tensors):  # a middle stage drops upstream taps
+        return output_intermediate_tensors
+
+    def slot_base_off_by_one(real):
+        def layout(self):
+            real(self)
+            if self._aux_slot_base_cached:
+                self._aux_slot_base_cached += 1
+                self._aux_upstream_total_cached = self._aux_upstream_total_cached and self._aux_slot_base_cached
+        return layout
+
+    def pack_drops_last(real):  # the stage's last tap is not handed to the next stage
+        return lambda self, aux: real(self, aux[:-1])
+
+    mutate = {"tap_not_relayed": {"relay": lambda real: relay_nothing},
+              "tap_slot_base_off_by_one": {"_cache_aux_pp_layout": slot_base_off_by_one},
+              "tap_not_packed": {"pack_local_aux_hidden_states": pack_drops_last}}[bug]
+    kernel = m_attn.attn_res
+    return pp_forward.bind(fetch.source_dir("vllm"), kernel, "nvidia", mutate=mutate)
+
+
+PP_MUTANTS = ("tap_not_relayed", "tap_slot_base_off_by_one", "tap_not_packed")
+
+ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS, *TRANSFER_MUTANTS, *OWNER_MUTANTS, *OPS_MUTANTS, *PP_MUTANTS])
 
 
 def build(name: str) -> base.Engine:
@@ -356,6 +435,8 @@ def build(name: str) -> base.Engine:
         extras["tap_owner"] = OWNER_MUTANTS[name]
     if name in OPS_MUTANTS:
         extras["context_kv_ops"] = _BrokenOps(name)
+    if name in PP_MUTANTS:
+        extras["pp_taps"] = _pp_mutant(name)
     broken = MUTANTS.get(name, {})
     correct = mirror.subjects()
     subjects = {s: correct[s] for group in PATHS if set(group) & set(broken) for s in group}
@@ -372,6 +453,7 @@ PATHS = (
     (base.STAGE_PARTIAL, base.FINALIZE_PROJECTION, base.PROJECT_UNSHARDED),
     (base.DRAFT_CONTEXT_KV,),
     (base.ATTN_RES_MIX, base.ATTN_RES_MIX_TRITON, base.ATTN_RES_MIX_EAGER),
+    (base.ATTN_RES_RESIDUAL,),
 )
 
 

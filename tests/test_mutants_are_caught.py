@@ -18,6 +18,9 @@ import pytest
 from tests.mutants import ALL
 
 ROOT = Path(__file__).resolve().parents[1]
+# race hunts outside the K3-shape file, marked gpu: the sequential interpreter cannot race (their
+# mutant, a dropped barrier, is caught on the H200: docs/gpu-run.md)
+GPU_ONLY = {"test_attn_res_in_place_prefix_rewrite_is_deterministic"}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +63,8 @@ def test_correct_mirror_passes_every_property(outcomes: dict[str, dict[str, str]
     assert not failed, f"the correct mirror failed: {failed}"
     # the only skips allowed are the GPU properties on a machine without CUDA
     skipped = [name for name, status in results.items() if status == "skipped"]
-    assert all(name.startswith("test_k3_") for name in skipped), f"unexpected skips: {skipped}"
+    assert all(name.startswith("test_k3_") or name.split("[")[0] in GPU_ONLY for name in skipped), \
+        f"unexpected skips: {skipped}"
     assert any(status == "passed" for status in results.values())
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import types
 
 from engines import base
-from engines.mirror import attn_res, context_kv, projection, transfer, weights
+from engines.mirror import attn_res, context_kv, pp, projection, transfer, weights
 
 VERSION = "0.1.0"
 
@@ -27,6 +27,7 @@ def subjects() -> dict[str, base.Subject]:
         base.ATTN_RES_MIX: attn_res.mix_read_only,
         base.ATTN_RES_MIX_TRITON: attn_res.mix_read_only,
         base.ATTN_RES_MIX_EAGER: attn_res.mix_read_only,
+        base.ATTN_RES_RESIDUAL: attn_res.aggregate_normed,
     }
 
 
@@ -34,7 +35,7 @@ def build() -> base.Engine:
     return base.Engine(name="mirror", version=VERSION, mode="reference", subjects=subjects(),
                        extras={"weight_loading": weight_loading(),
                                "transfer_pairs": transfer.build_transfer_entry_pairs,
-                               "tap_owner": attn_res.tap_owner_layer,
+                               "tap_owner": attn_res.tap_owner_layer, "pp_taps": pp.pp_taps,
                                "context_kv_ops": _context_kv_ops()})
 
 

@@ -30,6 +30,11 @@ def attn_res(
     eps: float,
     output_norm_eps: float,
 ) -> torch.Tensor:
+    bank = blocks.shape[1]
+    if not 0 <= num_blocks <= bank:
+        raise ValueError(f"attn_res: num_blocks {num_blocks} is outside the bank's {bank} rows")
+    if not -1 <= block_write_idx < bank:
+        raise ValueError(f"attn_res: block_write_idx {block_write_idx} is outside the bank's {bank} rows")
     a = acc_dtype(prefix.dtype)
     if delta is not None:
         prefix.copy_((prefix.to(a) + delta.to(a)).to(prefix.dtype))  # the one write-back
@@ -92,6 +97,13 @@ def mix_read_only(prefix: torch.Tensor, bank: torch.Tensor, nvb: int, norm_weigh
                   proj_weight: torch.Tensor, eps: float) -> torch.Tensor:
     """The pre-norm mixture: the kernel with no delta, no bank write, no output norm."""
     return attn_res(prefix, None, bank, norm_weight, proj_weight, None, nvb, -1, eps, 0.0)
+
+
+def aggregate_normed(prefix: torch.Tensor, bank: torch.Tensor, nvb: int, norm_weight: torch.Tensor,
+                     proj_weight: torch.Tensor, out_norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The model-level aggregation point: the mixture of the first nvb bank rows and the prefix,
+    then the output norm (same eps), in one kernel call."""
+    return attn_res(prefix, None, bank, norm_weight, proj_weight, out_norm_weight, nvb, -1, eps, eps)
 
 
 def tap_owner_layer(layer_id: int, num_layers: int, stream: str) -> int:

@@ -1,0 +1,185 @@
+"""The smallest fixes of the ledger's findings, applied to a copy of the pinned engine files.
+
+Each fix is an edit described by where it goes (a function, an anchor line) and what it does, never
+a copy of engine code: `patched_tree` copies the engine's pinned files from the hash-checked cache
+into a directory, applies the fixes there and refuses (naming file and anchor) when an anchor no
+longer occurs exactly once. `scripts/prove_fixes.py` then runs each fix's properties with
+`--engine-src NAME=TREE`: the patched tree is not the pinned bytes, so the ledger's strict xfails do
+not apply there (engines.fetch.ledger_version) and the property must pass plainly. The upstream
+drafts in docs/upstream-reports.md describe the same fixes in words.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from engines import fetch
+
+VLLM_ATTN_RES = "vllm/models/kimi_k3/nvidia/ops/attn_res.py"
+ROCM_ATTN_RES = "vllm/models/kimi_k3/amd/ops/attn_res.py"
+SGLANG_ATTN = "sglang/srt/layers/attn_residual.py"
+
+
+class FixError(RuntimeError):
+    """A fix no longer applies to the file (its anchor is gone or ambiguous)."""
+
+
+def _lines_of(text: str, func: str, path: str) -> tuple[int, int]:
+    """(first, last) 0-based line numbers of the top-level function `func`."""
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.FunctionDef) and node.name == func:
+            return node.lineno - 1, (node.end_lineno or node.lineno) - 1
+    raise FixError(f"{path}: function {func} not found")
+
+
+def _one(lines: list[str], lo: int, hi: int, pattern: str, path: str) -> int:
+    hits = [i for i in range(lo, hi + 1) if re.search(pattern, lines[i])]
+    if len(hits) != 1:
+        raise FixError(f"{path}: expected one line matching {pattern!r} in lines {lo + 1}-{hi + 1}, found {len(hits)}")
+    return hits[0]
+
+
+def barrier_under_write_block(text: str, path: str) -> str:
+    """K3N-004/005: the existing barrier before the source loads is emitted under HAS_DELTA only;
+    emit it under HAS_DELTA or WRITE_BLOCK, so the bank row stored this call is visible to the
+    loads of every thread."""
+    lines = text.splitlines(keepends=True)
+    lo, hi = _lines_of(text, "_attn_res_kernel", path)
+    # the `if HAS_DELTA:` directly followed by the barrier (the first one guards the delta load)
+    cands = [j for j in range(lo, hi) if re.match(r"^\s*if HAS_DELTA:\s*$", lines[j])
+             and re.match(r"^\s*tl\.debug_barrier\(\)\s*$", lines[j + 1])]
+    if len(cands) != 1:
+        raise FixError(f"{path}: expected one `if HAS_DELTA:` guarding tl.debug_barrier(), found {len(cands)}")
+    i = cands[0]
+    lines[i] = lines[i].replace("if HAS_DELTA:", "if HAS_DELTA or WRITE_BLOCK:")
+    return "".join(lines)
+
+
+def barrier_before_prefix_store(text: str, path: str) -> str:
+    """K3N-007: a barrier before the in-place store of prefix + delta, so no thread's (re)load of the
+    prefix can see the updated value (the compiled kernel reloads the prefix in the tile layout)."""
+    lines = text.splitlines(keepends=True)
+    lo, hi = _lines_of(text, "_attn_res_kernel", path)
+    cast = _one(lines, lo, hi, r"^\s*updated_prefix = updated_prefix\.to\(", path)
+    store = next((j for j in range(cast + 1, hi + 1) if re.match(r"^\s*tl\.store\(\s*$", lines[j])), None)
+    if store is None:
+        raise FixError(f"{path}: no tl.store( after the prefix cast")
+    indent = re.match(r"^(\s*)", lines[store]).group(1)
+    lines.insert(store, f"{indent}tl.debug_barrier()  # k3num fix K3N-007\n")
+    return "".join(lines)
+
+
+def aggregate_fused_through_dispatch(text: str, path: str) -> str:
+    """K3N-008: `_aggregate_fused` calls `_mix_fused` for every shape; calling `aggregate_stream`
+    instead gives it the public path's dispatch (the eager fallback when H % 1024 != 0, the same
+    Triton pair otherwise)."""
+    lines = text.splitlines(keepends=True)
+    lo, hi = _lines_of(text, "_aggregate_fused", path)
+    i = _one(lines, lo, hi, r"_mix_fused\(", path)
+    lines[i] = lines[i].replace("_mix_fused(", "aggregate_stream(", 1)
+    return "".join(lines)
+
+
+def refuse_bank_indices_outside_the_bank(text: str, path: str) -> str:
+    """K3N-009/010: the wrapper refuses num_blocks outside [0, bank rows] and block_write_idx outside
+    [-1, bank rows) (the checks that today gate only the SM100 native op)."""
+    lines = text.splitlines(keepends=True)
+    lo, hi = _lines_of(text, "attn_res", path)
+    i = _one(lines, lo, hi, r"^\s*num_tokens, hidden_size = prefix\.shape\s*$", path)
+    indent = re.match(r"^(\s*)", lines[i]).group(1)
+    check = "0 <= num_blocks <= blocks.shape[1] and -1 <= block_write_idx < blocks.shape[1]"
+    lines.insert(i + 1, f"{indent}if not ({check}):\n"
+                        f"{indent}    raise ValueError(f'attn_res: num_blocks {{num_blocks}} / block_write_idx "
+                        f"{{block_write_idx}} outside the bank of {{blocks.shape[1]}} rows')  # k3num fix K3N-009\n")
+    return "".join(lines)
+
+
+def drop_delta_barrier(text: str, path: str) -> str:
+    """Mutant (dropped barrier): the barrier between the in-place prefix store and the source loads
+    that reload the prefix is removed. Sequential execution cannot see it; the GPU can."""
+    lines = text.splitlines(keepends=True)
+    lo, hi = _lines_of(text, "_attn_res_kernel", path)
+    cands = [j for j in range(lo, hi) if re.match(r"^\s*if HAS_DELTA:\s*$", lines[j])
+             and re.match(r"^\s*tl\.debug_barrier\(\)\s*$", lines[j + 1])]
+    if len(cands) != 1:
+        raise FixError(f"{path}: expected one `if HAS_DELTA:` guarding tl.debug_barrier(), found {len(cands)}")
+    lines[cands[0] + 1] = lines[cands[0] + 1].replace("tl.debug_barrier()", "pass  # k3num mutant: barrier dropped")
+    return "".join(lines)
+
+
+def unmask_source_columns(text: str, path: str) -> str:
+    """Mutant (unmasked load): the source tile's loads keep the row mask but lose the column mask, so
+    for a hidden size below the power-of-two tile they read past each row."""
+    lines = text.splitlines(keepends=True)
+    lo, hi = _lines_of(text, "_attn_res_kernel", path)
+    i = _one(lines, lo, hi, r"mask=source_mask\[:, None\] & d_mask\[None, :\]", path)
+    lines[i] = lines[i].replace("source_mask[:, None] & d_mask[None, :]", "source_mask[:, None]")
+    return "".join(lines)
+
+
+Edit = Callable[[str, str], str]
+
+
+@dataclass(frozen=True)
+class Fix:
+    id: str  # the ledger entry (or entries, "K3N-004/005")
+    engine: str  # fetch pin name
+    edits: tuple[tuple[str, Edit], ...]  # (file, edit)
+    engines: tuple[str, ...]  # registry names whose properties prove it
+    tests: tuple[str, ...]  # pytest node ids (or files with -k in `select`)
+    select: str = ""  # a -k expression
+    gpu: bool = False  # the failure shows on a GPU only (a race): prove it there
+
+
+FIXES: tuple[Fix, ...] = (
+    Fix("K3N-004/005", "vllm", ((VLLM_ATTN_RES, barrier_under_write_block), (ROCM_ATTN_RES, barrier_under_write_block)),
+        ("vllm", "vllm-rocm"),
+        ("properties/test_attn_res.py::test_a_block_written_in_the_call_is_mixed_with_its_written_value",), gpu=True),
+    Fix("K3N-007", "vllm", ((ROCM_ATTN_RES, barrier_before_prefix_store),), ("vllm-rocm",),
+        ("properties/test_attn_res.py::test_attn_res_within_rounding_budget_of_oracle",
+         "properties/test_determinism.py::test_attn_res_in_place_prefix_rewrite_is_deterministic"), gpu=True),
+    Fix("K3N-008", "sglang", ((SGLANG_ATTN, aggregate_fused_through_dispatch),), ("sglang",),
+        ("properties/test_off_path_shapes.py::test_model_aggregation_off_grid_hidden_within_budget_or_refused",)),
+    Fix("K3N-009/010", "vllm", ((VLLM_ATTN_RES, refuse_bank_indices_outside_the_bank),
+                                (ROCM_ATTN_RES, refuse_bank_indices_outside_the_bank)), ("vllm", "vllm-rocm"),
+        ("properties/test_off_path_shapes.py::test_attn_res_bank_indices_outside_the_bank_are_refused",)),
+)
+
+
+# deliberately broken kernels (the hunt's families that only a kernel edit can show): each must make
+# its properties fail; `gpu` ones are caught on the GPU only (scripts/prove_fixes.py --mutants)
+TREE_MUTANTS: tuple[Fix, ...] = (
+    Fix("dropped-barrier", "vllm", ((VLLM_ATTN_RES, drop_delta_barrier),), ("vllm",),
+        ("properties/test_determinism.py::test_attn_res_in_place_prefix_rewrite_is_deterministic",), gpu=True),
+    Fix("unmasked-load", "vllm", ((VLLM_ATTN_RES, unmask_source_columns),), ("vllm",),
+        ("properties/test_off_path_shapes.py::test_attn_res_off_path_shapes_within_budget_or_refused",
+         "properties/test_poisoned_memory.py::test_attn_res_writes_every_output_element_and_nothing_outside_its_rows")),
+)
+
+
+def by_id(fix_id: str) -> Fix:
+    for f in FIXES + TREE_MUTANTS:
+        if f.id == fix_id:
+            return f
+    raise ValueError(f"unknown fix {fix_id!r}; known: {[f.id for f in FIXES + TREE_MUTANTS]}")
+
+
+def patched_tree(fix: Fix, dest: Path) -> Path:
+    """Copy the engine's pinned files from the hash-checked cache into `dest` and apply `fix`."""
+    src = fetch.cache_root() / f"{fix.engine}-{fetch.PINS[fix.engine].version}"
+    if not fetch.verified_manifest(fix.engine):
+        raise FixError(f"{fix.engine} is not fetched ({src}): run `k3num fetch {fix.engine}`")
+    if dest.exists():
+        shutil.rmtree(dest)
+    for rel in fetch.PINS[fix.engine].files:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src / rel, dest / rel)
+    for rel, edit in fix.edits:
+        path = dest / rel
+        path.write_text(edit(path.read_text(), rel))
+    return dest

@@ -1,0 +1,110 @@
+"""Triton and interpreter helpers shared by the adapters whose subjects are Triton kernels.
+
+- `require_interpreter`: choose TRITON_INTERPRET=1 before triton's first import (no CUDA here).
+- `triton_modules`: (triton, triton.language), or EngineUnavailable naming the missing package and
+  the extra that brings it.
+- `truncate_to_bf16`: the interpreter's float32 -> bfloat16 conversion (toward zero, BRIEF §4 quirk a).
+- `index_runtime_ranges`: the interpreter adaptation that lets a kernel loop `range(...)` over a
+  runtime kernel argument (see its docstring); applied at load time, in interpreter mode only.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from typing import Any
+
+import torch
+
+from engines.registry import EngineUnavailable
+
+# the extra of this project that installs triton (pyproject.toml)
+TRITON_EXTRA = "test"
+
+
+def require_interpreter() -> None:
+    """TRITON_INTERPRET must be set before triton is first imported (triton.language's own
+    jit helpers are decorated at import); the root conftest sets it on machines without CUDA."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        if "triton" in sys.modules:
+            raise EngineUnavailable(
+                "no CUDA device, and triton was imported before TRITON_INTERPRET=1 was set: "
+                "set TRITON_INTERPRET=1 in the environment to run the Triton kernels under the interpreter"
+            )
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def triton_modules(engine: str) -> tuple[Any, Any]:
+    """(triton, triton.language) or EngineUnavailable: the engine's kernels need triton."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError as e:
+        raise EngineUnavailable(
+            f"{engine}: its kernels need the triton package, which is not installed ({e}); "
+            f"install this project with the `{TRITON_EXTRA}` extra (pip install -e '.[{TRITON_EXTRA}]') "
+            "or `pip install triton`") from e
+    return triton, tl
+
+
+def truncate_to_bf16(x: torch.Tensor) -> torch.Tensor:
+    """float32 -> bfloat16 rounding toward zero (the Triton interpreter's conversion, quirk a)."""
+    bits = x.float().contiguous().view(torch.int32) & ~0xFFFF
+    return bits.view(torch.float32).to(torch.bfloat16)
+
+
+# --- the runtime-range adaptation ---------------------------------------------------------------
+
+INDEX_HELPER = "_k3num_interpreter_index"
+RUNTIME_RANGE_ADAPTATION = (
+    "interpreter adaptation: in @triton.jit functions each argument of `range(...)` is wrapped in "
+    f"{INDEX_HELPER}(...), which turns the interpreter's one-element scalar tensor into a Python int "
+    "(triton 3.6's interpreter indexes it with int(ndarray), which numpy >= 2.x refuses for a 1-d array); "
+    "the loop bounds and the body are unchanged")
+
+
+def interpreter_index(x: Any) -> Any:
+    """A scalar kernel value as a Python int under the interpreter (a plain value passes through)."""
+    handle = getattr(x, "handle", None)
+    data = getattr(handle, "data", None)
+    if data is None:
+        return x
+    flat = data.reshape(-1)
+    if flat.size != 1:
+        raise TypeError(f"{INDEX_HELPER}: range() over a block of {flat.size} values, not a scalar")
+    return int(flat[0])
+
+
+def _is_jit(fn: ast.FunctionDef) -> bool:
+    for d in fn.decorator_list:
+        node = d.func if isinstance(d, ast.Call) else d
+        if isinstance(node, ast.Attribute) and node.attr == "jit":
+            return True
+        if isinstance(node, ast.Name) and node.id == "jit":
+            return True
+    return False
+
+
+class _WrapRangeArgs(ast.NodeTransformer):
+    def __init__(self) -> None:
+        self.count = 0
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id == "range":
+            node.args = [ast.Call(func=ast.Name(id=INDEX_HELPER, ctx=ast.Load()), args=[a], keywords=[])
+                         for a in node.args]
+            self.count += 1
+        return node
+
+
+def index_runtime_ranges(text: str, filename: str) -> tuple[ast.Module, int]:
+    """The module's AST with every `range(...)` inside a @triton.jit function rewritten (see
+    RUNTIME_RANGE_ADAPTATION), and how many loops were rewritten."""
+    tree = ast.parse(text, filename=filename)
+    wrap = _WrapRangeArgs()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and _is_jit(node):
+            wrap.visit(node)
+    return ast.fix_missing_locations(tree), wrap.count

@@ -1,0 +1,112 @@
+"""AUX_CAPTURE: `KimiLinearModel._capture_aux_hidden_stream` (nvidia/model.py) and the ROCm tap
+(`_maybe_add_hidden_state` of amd/linear.py), lifted and run on stand-in models with real weights."""
+
+from __future__ import annotations
+
+import ast
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engines import source
+
+
+def _bind_capture(path: Path, namespace: dict[str, Any]) -> Any:
+    """AUX_CAPTURE from `path` with `namespace` (source mode: torch and the loaded attn_res kernel;
+    import mode: the module's own globals); the pipeline group is runtime state, replaced in both."""
+    got = source.signature_of(path, "KimiLinearModel._capture_aux_hidden_stream")
+    if got != ["self", "layer_idx", "prefix_sum", "pending_mlp_out", "block_residual"]:
+        raise source.SourceError(f"_capture_aux_hidden_stream signature changed: {got}")
+    pp = {"is_last_rank": True}
+    ns = {**namespace, "get_pp_group": lambda: types.SimpleNamespace(is_last_rank=pp["is_last_rank"])}
+    lifted = source.lift(path, "KimiLinearModel._capture_aux_hidden_stream", ns)
+
+    def capture(layer_idx, prefix_sum, pending, bank, *, enabled, weights, block_size, end_layer, num_layers,
+                is_last_rank, eps, non_final_stage="raise"):
+        if non_final_stage != "raise":
+            raise NotImplementedError("vLLM 0.33.0 raises at a non-final stage end; it has no prefix fallback")
+
+        def norm(w: torch.Tensor) -> Any:
+            return types.SimpleNamespace(weight=w, variance_epsilon=eps)
+
+        def proj(w: torch.Tensor) -> Any:
+            return types.SimpleNamespace(weight=w.unsqueeze(0))  # [1, H], squeezed by the engine
+
+        layers = []
+        if weights is not None:
+            for i in range(num_layers):
+                layers.append(types.SimpleNamespace(
+                    self_attention_res_norm=norm(weights.attn_res_norm[i]),
+                    self_attention_res_proj=proj(weights.attn_res_proj[i]),
+                    prev_valid_blocks=-(-i // block_size)))
+        model = types.SimpleNamespace(
+            _aux_attn_res_stream=enabled, use_attn_res=weights is not None, end_layer=end_layer, layers=layers,
+            output_attn_res_norm=norm(weights.output_res_norm) if weights is not None else None,
+            output_attn_res_proj=proj(weights.output_res_proj) if weights is not None else None,
+            num_attn_res_blocks=-(-num_layers // block_size),
+        )
+        pp["is_last_rank"] = is_last_rank
+        return lifted(model, layer_idx, prefix_sum, pending, bank)
+
+    return capture
+
+
+class _SuperToMixin(ast.NodeTransformer):
+    """`super().m(args)` -> `_mixin_m(self, args)`: the lifted method has no class to call super() on."""
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        f = node.func
+        if (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Call) and isinstance(f.value.func, ast.Name)
+                and f.value.func.id == "super"):
+            return ast.Call(func=ast.Name(id=f"_mixin_{f.attr}", ctx=ast.Load()),
+                            args=[ast.Name(id="self", ctx=ast.Load()), *node.args], keywords=node.keywords)
+        return node
+
+
+def _mixin_maybe_add_hidden_state(self: Any, aux: list, layer_idx: int, hidden_states: torch.Tensor,
+                                  residual: torch.Tensor | None) -> list:
+    if layer_idx in self.aux_hidden_state_layers:
+        aux.append(hidden_states + residual if residual is not None else hidden_states)
+    return aux
+
+
+def _bind_rocm_capture(path: Path, module: types.ModuleType | None = None) -> Any:
+    """The ROCm tap from amd/linear.py's `_maybe_add_hidden_state`, lifted; its `super()` call goes to
+    the Eagle mixin's method: our stand-in in source mode, the real class's in import mode (`module`)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef)
+               and any(isinstance(b, ast.FunctionDef) and b.name == "_maybe_add_hidden_state" for b in n.body)]
+    if not classes:
+        raise source.SourceError("amd/linear.py: no class defines _maybe_add_hidden_state")
+    fn = next(b for b in classes[0].body if isinstance(b, ast.FunctionDef) and b.name == "_maybe_add_hidden_state")
+    fn.decorator_list = []
+    fn = ast.fix_missing_locations(_SuperToMixin().visit(fn))
+    mixin: Any = _mixin_maybe_add_hidden_state
+    if module is not None:
+        cls = getattr(module, classes[0].name)
+        mixin = next((c.__dict__["_maybe_add_hidden_state"] for c in cls.__mro__[1:]
+                      if "_maybe_add_hidden_state" in c.__dict__), None)
+        if mixin is None:
+            raise source.SourceError(f"{classes[0].name}: no base class defines _maybe_add_hidden_state")
+    glb: dict[str, Any] = {**(vars(module) if module is not None else {"torch": torch}),
+                           "_mixin__maybe_add_hidden_state": mixin, "__builtins__": __builtins__}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), str(path), "exec"), glb)
+    lifted = glb["_maybe_add_hidden_state"]
+
+    def capture(layer_idx, prefix_sum, pending, bank, *, enabled, weights, block_size, end_layer, num_layers,
+                is_last_rank, eps, non_final_stage="raise"):
+        # KimiLinearModel.forward (ROCm) taps `hidden_states + prefix_delta` after layer i as capture
+        # id i + 1; the block bank is passed as `residual`; the env flag is not consulted
+        model = types.SimpleNamespace(config=types.SimpleNamespace(
+            attn_res_block_size=block_size if weights is not None else None), aux_hidden_state_layers={layer_idx + 1})
+        hidden = prefix_sum if pending is None else prefix_sum + pending
+        aux: list[torch.Tensor] = []
+        lifted(model, aux, layer_idx + 1, hidden, bank if weights is not None else None)
+        return aux[-1]
+
+    return capture
+
+

@@ -1,0 +1,223 @@
+"""CONTEXT_KV_FUSED: `K3DSparkModel._precompute_fused_context_kv` (nvidia/dspark_mla.py), lifted, with
+stand-in compiled ops or vLLM's own `_custom_ops` wrappers over the ops `k3num build-ops` built."""
+
+from __future__ import annotations
+
+import functools
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engines import fetch, source, standins
+from engines.mirror.context_kv import rope_cache
+from engines.vllm_adapter.common import CUSTOM_OPS_PY, PER_LAYER_WRITE_STANDIN, STANDIN_OPS
+from refmodel.geometry import RopeSpec
+
+# --- stand-ins for the compiled ops (engines.standins: fp32 math, one rounding) -----------------
+
+
+def _rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None, head_size: int,
+                      cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+    """vLLM's ops.rotary_embedding: query (and key) [M, 1, R] rotated in place."""
+    for t in (query, key):
+        if t is not None:
+            t.copy_(standins.rotate_heads(positions, t, cos_sin_cache, is_neox))
+
+
+@dataclass
+class _StandinModel:
+    """The attributes `_precompute_fused_context_kv` reads, with real weights and caches."""
+
+    context_kv_proj: Any
+    _num_context_layers: int
+    _context_kv_width: int
+    _context_kv_lora_rank: int
+    _context_kv_norm_weights: torch.Tensor
+    _context_rms_norm_eps: float
+    _context_rope_dim: int
+    _max_num_context_tokens: int
+    layers: list[Any]
+    _context_kv_scales: torch.Tensor | None
+    captured: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class _CpuSafeTorch:
+    """`torch` for lifted code on a CPU-only build: torch.cuda.is_current_stream_capturing() raises
+    there instead of answering False; everything else is torch itself."""
+
+    class _Cuda:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(torch.cuda, name)
+
+        @staticmethod
+        def is_current_stream_capturing() -> bool:
+            return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+    cuda = _Cuda()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+
+class _Workspace:
+    """Stand-in for vLLM's workspace manager (runtime state): fresh buffers on the call's device."""
+
+    device: torch.device | str = "cpu"
+
+    def get_simultaneous(self, *specs: tuple[tuple[int, ...], torch.dtype]) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in specs)
+
+
+class _RecordingOps:
+    """The `ops` the lifted method sees: `impl`'s ops (the real module, or stand-ins), recording the
+    outputs the subject returns (the normed kv_c, the rotated k_pe)."""
+
+    def __init__(self, impl: Any, captured: dict[str, torch.Tensor]) -> None:
+        self._impl, self._captured = impl, captured
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._impl, name)
+
+    def rms_norm(self, out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+        self._impl.rms_norm(out, x, weight, eps)
+        self._captured["kv_c"] = out
+
+    def rotary_embedding(self, positions, query, key, head_size, cos_sin_cache, is_neox) -> None:
+        self._impl.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+        self._captured["k_pe"] = query
+
+
+def _bind_precompute(path: Path, namespace: dict[str, Any] | None, real_ops: Any | None) -> Any:
+    """CONTEXT_KV_FUSED from `path`: in source mode (namespace None) with stand-in ops, or with `real_ops`
+    (the compiled ops built by `k3num build-ops`, behind vLLM's own wrappers); in import mode with the
+    module's own globals and its compiled `real_ops`."""
+    captured: dict[str, torch.Tensor] = {}
+    caches_by_ptr: dict[int, torch.Tensor] = {}
+    rope_caches: dict[Any, torch.Tensor] = {}
+
+    def grouped_standin(kv_c, k_pe, cache_ptrs, slot_mapping, block_size, s0, s1, scales, dtype):
+        for layer, ptr in enumerate(cache_ptrs.tolist()):
+            standins.write_slots(caches_by_ptr[ptr], kv_c[layer], k_pe[layer], slot_mapping[layer])
+
+    if namespace is None:
+        impl: Any = real_ops or types.SimpleNamespace(
+            rms_norm=standins.rms_norm_into, rotary_embedding=_rotary_embedding,
+            concat_and_cache_mla_grouped=grouped_standin)
+        namespace = {"torch": _CpuSafeTorch(), "_GROUPED_KV_CACHE_DTYPES": source.lift_value(
+            path, "_GROUPED_KV_CACHE_DTYPES", {})}
+    else:
+        impl = real_ops
+    workspace = _Workspace()
+    ns = {**namespace, "ops": _RecordingOps(impl, captured), "current_workspace_manager": lambda: workspace}
+    precompute = source.lift(path, "K3DSparkModel._precompute_fused_context_kv", ns)
+    uniform = source.lift(path, "K3DSparkModel._has_uniform_block_layout", ns)
+    ptrs = source.lift(path, "K3DSparkModel._get_context_kv_cache_ptrs", ns)
+    got = source.signature_of(path, "K3DSparkModel._precompute_fused_context_kv")
+    if got != ["self", "context_states", "context_positions", "context_slot_mapping"]:
+        raise source.SourceError(f"_precompute_fused_context_kv signature changed: {got}")
+
+    def fused(x: torch.Tensor, kv_a: torch.Tensor, norm: torch.Tensor, positions: torch.Tensor, rope: RopeSpec,
+              eps: float, caches: torch.Tensor | None = None, slot_mapping: torch.Tensor | None = None):
+        num_layers, width, hidden = kv_a.shape
+        kv_lora = norm.shape[1]
+        merged = kv_a.reshape(num_layers * width, hidden)
+        max_pos = int(positions.max()) + 1 if positions.numel() else 1
+        key = (rope, max_pos, x.device)
+        if key not in rope_caches:  # vLLM builds its cache once, in fp32
+            rope_caches.clear()
+            rope_caches[key] = rope_cache(rope, max_pos, torch.float32, x.device)
+        cache = rope_caches[key]
+        rotary = types.SimpleNamespace(head_size=width - kv_lora, cos_sin_cache=cache,
+                                       is_neox_style=rope.style == "neox")
+        layers = []
+        caches_by_ptr.clear()
+        for layer in range(num_layers):
+            kv_cache = caches[layer] if caches is not None else torch.empty(1, 1, width, dtype=x.dtype)
+            caches_by_ptr[kv_cache.data_ptr()] = kv_cache
+
+            def update(kv_c, k_pe, kv_cache, slots, dtype, k_scale):
+                standins.write_slots(kv_cache, kv_c, k_pe, slots)
+
+            attn = types.SimpleNamespace(rotary_emb=rotary, kv_cache_dtype="auto", kv_cache=kv_cache,
+                                         impl=types.SimpleNamespace(do_kv_cache_update=update),
+                                         _k_scale=torch.ones(()))
+            layers.append(types.SimpleNamespace(self_attn=attn))
+        model = _StandinModel(
+            context_kv_proj=lambda h: torch.nn.functional.linear(h, merged), _num_context_layers=num_layers,
+            _context_kv_width=width, _context_kv_lora_rank=kv_lora, _context_kv_norm_weights=norm,
+            _context_rms_norm_eps=eps, _context_rope_dim=width - kv_lora,
+            _max_num_context_tokens=max(x.shape[0], 1), layers=layers,
+            # _build_fused_context_kv_metadata: None unless the cache dtype is quantized (fp8); the
+            # compiled grouped insert refuses scales for a bf16 cache
+            _context_kv_scales=None,
+        )
+        self_ns: Any = types.SimpleNamespace(**model.__dict__)
+        self_ns._has_uniform_block_layout = functools.partial(uniform, self_ns)
+        self_ns._get_context_kv_cache_ptrs = functools.partial(ptrs, self_ns)
+        mapping: Any = None
+        if caches is not None and slot_mapping is not None:
+            if slot_mapping.dim() == 1:
+                mapping = slot_mapping
+            else:  # per-layer: a layer whose slots are all skipped is passed as None
+                mapping = [None if bool((row < 0).all()) else row for row in slot_mapping]
+        captured.clear()
+        workspace.device = x.device
+        precompute(self_ns, x, positions, mapping)
+        kv_c = captured["kv_c"]
+        k_pe = captured["k_pe"].view(num_layers, x.shape[0], width - kv_lora)
+        return kv_c, k_pe
+
+    return fused
+
+
+def _built_ops(root: Path, interpret: bool) -> tuple[Any | None, str, str]:
+    """(ops, real_ops label, note): vLLM's own `_custom_ops` wrappers (lifted from the wheel's
+    vllm/_custom_ops.py) over the compiled ops `k3num build-ops` built for this GPU and torch, or
+    (None, stand-in label, why not)."""
+    if interpret:
+        return None, STANDIN_OPS, "no CUDA: the compiled ops cannot run here"
+    from engines import cuda_ops
+
+    so, why = cuda_ops.load()
+    if so is None:
+        return None, STANDIN_OPS, why
+    ns = {"torch": torch}
+    ops = types.SimpleNamespace(**{name: source.lift(root / CUSTOM_OPS_PY, name, ns) for name in BUILT_OPS})
+    return ops, (f"real (built by k3num build-ops from {fetch.SDISTS['vllm'].filename}, sha256 "
+                 f"{fetch.SDISTS['vllm'].sha256[:12]}...): {', '.join(BUILT_OPS)}; {PER_LAYER_WRITE_STANDIN}"), ""
+
+
+# the compiled ops `_precompute_fused_context_kv` calls, by their vllm/_custom_ops.py wrapper names
+BUILT_OPS = ("rms_norm", "rotary_embedding", "concat_and_cache_mla_grouped")
+
+
+class _RealContextKVOps:
+    """vLLM's compiled ops behind their `_custom_ops` wrappers, under the per-op interface of
+    engines.standins.ContextKVOps (the insert builds the pointer array in the caches' given order,
+    as `_get_context_kv_cache_ptrs` does)."""
+
+    def __init__(self, ops: Any) -> None:
+        self._ops = ops
+
+    def rms_norm_grouped(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        out = torch.empty_like(x)
+        self._ops.rms_norm(out, x, weight, eps)
+        return out
+
+    def rotary(self, positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tensor,
+               is_neox: bool) -> torch.Tensor:
+        out = x.clone()
+        self._ops.rotary_embedding(positions, out, None, x.shape[-1], cos_sin_cache, is_neox)
+        return out
+
+    def insert_grouped(self, kv_c: torch.Tensor, k_pe: torch.Tensor, caches: list[torch.Tensor],
+                       slot_mapping: torch.Tensor) -> None:
+        ptrs = torch.tensor([c.data_ptr() for c in caches], dtype=torch.int64, device=kv_c.device)
+        ref = caches[0]
+        self._ops.concat_and_cache_mla_grouped(kv_c, k_pe, ptrs, slot_mapping, ref.size(1), ref.stride(0),
+                                               ref.stride(1), None, "auto")
+
+

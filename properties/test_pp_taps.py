@@ -1,0 +1,81 @@
+"""The aux taps across pipeline-parallel stages: what the last stage hands the draft.
+
+A PP plan draws the number of layers, the tap layers and the stage boundaries (some of them on tap
+layers). The engine's `pp_taps` (engines.base.PPTapPlan) runs its real forward loop stage by stage
+(capture, pack into IntermediateTensors slots, the worker's relay, collect on the last rank). The
+taps the last stage hands the draft must equal a one-stage run's, bitwise and in the same order;
+an engine may instead refuse the plan while setting it up (its own check, with its message: a
+result, recorded in the CSV). In prefix-tap mode the one-stage taps must also equal the mirror's
+reference loop (engines/mirror/pp.py) bit for bit, so a loop that drops or shifts a tap even on one
+stage is caught.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from engines import mirror
+from engines.base import PPTapPlan, StageRefused
+from fixtures.builders import attn_res_weights
+from fixtures.strategies import seeds
+from fixtures.tensors import Draw
+from oracles.drift import COLLECTOR
+from oracles.records import INFO, Record
+from properties.support import DEVICE, LOW, assert_bitwise
+
+EPS = 1e-5
+
+
+@st.composite
+def pp_plans(draw: st.DrawFn) -> PPTapPlan:
+    layers = draw(st.integers(2, 8))
+    taps = tuple(sorted(set(draw(st.lists(st.integers(0, layers), min_size=1, max_size=4)))))
+    ends = set(draw(st.lists(st.integers(1, layers - 1), max_size=3)))
+    on_taps = [t for t in taps if 1 <= t < layers]
+    if on_taps and draw(st.booleans()):  # a boundary on a tap layer
+        ends.add(draw(st.sampled_from(on_taps)))
+    return PPTapPlan(layers, taps, tuple(sorted(ends)), draw(st.integers(1, 3)), draw(st.booleans()))
+
+
+def _refused(engine, plan: PPTapPlan, e: BaseException) -> None:
+    COLLECTOR.add(Record(
+        property="pp_plan_refused", engine=engine.name, engine_version=engine.version, mode=engine.mode,
+        real_ops=engine.extras.get("pp_taps_standins", ""), source_sha256="", subject="pp_taps", device=DEVICE,
+        dtype="", shape="", reduction_len=0, seed=0, max_abs=math.nan, rel_fro=math.nan, max_ulp=math.nan,
+        cosine=math.nan, nonfinite_mismatch=0, worst="", baseline_err=math.nan, budget=math.nan,
+        budget_rule="a refusal", ratio=0.0, verdict=INFO, detail=f"{plan};{e}"[:400]))
+
+
+@given(plan=pp_plans(), tokens=st.integers(1, 3), hidden=st.sampled_from([16, 32]), seed=seeds)
+@example(plan=PPTapPlan(6, (0, 2, 4, 6), (3,), 2, False), tokens=1, hidden=16, seed=0)  # lead 1
+@example(plan=PPTapPlan(6, (0, 2, 4, 6), (2, 4), 2, False), tokens=1, hidden=16, seed=0)  # boundaries on taps
+def test_pp_stages_hand_the_draft_the_one_stage_taps_in_order(engine, plan: PPTapPlan, tokens: int, hidden: int,
+                                                              seed: int) -> None:
+    pp_taps = engine.extras.get("pp_taps")
+    if pp_taps is None:
+        pytest.skip(f"engine {engine.name} {engine.version} binds no PP forward loop (extras['pp_taps'])")
+    d = Draw.for_device(seed, DEVICE)
+    weights = attn_res_weights(d, plan.num_layers, hidden, LOW, DEVICE)
+    emb = d.normal((tokens, hidden)).to(LOW).to(DEVICE)
+    scale = d.normal((plan.num_layers, hidden)).to(LOW).to(DEVICE)
+    one = pp_taps(dataclasses.replace(plan, stage_ends=()), emb, weights, scale, EPS)
+    assert len(one) == len(plan.taps), f"a one-stage run handed {len(one)} taps for tap layers {plan.taps}"
+    if not plan.aux_stream:
+        ref = mirror.pp.pp_taps(plan, emb, weights, scale, EPS)
+        for k, (got, want) in enumerate(zip(one, ref)):
+            assert_bitwise(got, want, f"one-stage tap {plan.taps[k]} (slot {k}) against the mirror's loop")
+    try:
+        split = pp_taps(plan, emb, weights, scale, EPS)
+    except StageRefused as e:
+        _refused(engine, plan, e)
+        return
+    stages = plan.stages()
+    assert len(split) == len(one), (f"{len(stages)} stages {stages} handed the draft {len(split)} taps; one stage "
+                                    f"hands {len(one)} (tap layers {plan.taps})")
+    for k, (got, want) in enumerate(zip(split, one)):
+        assert_bitwise(got, want, f"tap {plan.taps[k]} (slot {k}) after {len(stages)} stages {stages}")

@@ -1,0 +1,55 @@
+"""The ledger's fixes (engines/fixes.py): the ones whose failure shows on a CPU turn their properties
+green on a patched copy here (the GPU ones are shown on the H200: docs/gpu-run.md); a fix whose
+anchor is gone is refused naming the file."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engines import fetch, fixes
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _fetched() -> None:
+    for engine in ("vllm", "sglang"):
+        if fetch.missing_files(engine):
+            pytest.skip(f"{engine} is not fetched here: run `k3num fetch {engine}`")
+
+
+def test_the_cpu_visible_fixes_turn_their_properties_green(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "scripts/prove_fixes.py", "--cpu-only", "--out", str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    table = (tmp_path / "fixes.csv").read_text()
+    for fix_id in ("K3N-008", "K3N-009/010"):
+        assert fix_id in table
+    assert "NOT SHOWN" not in table
+
+
+def test_each_fix_applies_to_the_pinned_files_once(tmp_path: Path) -> None:
+    for fix in fixes.FIXES:
+        tree = fixes.patched_tree(fix, tmp_path / fix.id.replace("/", "_"))
+        for rel, _ in fix.edits:
+            assert (tree / rel).read_text() != (fetch.source_dir(fix.engine) / rel).read_text(), (fix.id, rel)
+
+
+def test_a_fix_whose_anchor_is_gone_is_refused_naming_the_file() -> None:
+    text = (fetch.source_dir("vllm") / fixes.VLLM_ATTN_RES).read_text().replace("tl.debug_barrier()", "pass")
+    with pytest.raises(fixes.FixError, match="attn_res.py: expected one `if HAS_DELTA:` guarding"):
+        fixes.barrier_under_write_block(text, fixes.VLLM_ATTN_RES)
+    with pytest.raises(fixes.FixError, match="function _aggregate_fused not found"):
+        fixes.aggregate_fused_through_dispatch("x = 1\n", fixes.SGLANG_ATTN)
+
+
+def test_the_cpu_visible_kernel_mutant_is_caught(tmp_path: Path) -> None:
+    """An unmasked load (engines.fixes.TREE_MUTANTS): the off-path property's guard bands see it."""
+    r = subprocess.run([sys.executable, "scripts/prove_fixes.py", "--mutants", "--cpu-only", "--out", str(tmp_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "unmasked-load" in (tmp_path / "fixes.csv").read_text() and "NOT CAUGHT" not in r.stdout

@@ -8,7 +8,12 @@
 #     K3NUM_ENGINE_CACHE=$PWD/engine-cache k3num fetch
 #   and carry engine-cache/ without its wheels/ folder (about 0.5 MB).
 # Usage: scripts/device_session.sh OUT [PARTS]
-#   PARTS: comma-separated, any of ops,bench,race,k3,small (default: bench,race,k3,small). `ops` builds
+#   PARTS: comma-separated, any of ops,bench,race,k3,small,hunt,sanitize (default: bench,race,k3,small).
+#   `hunt` runs the determinism, poisoned-memory and off-path-shape properties on cuda for the real engines
+#   (K3NUM_HUNT_PROFILE, default ci: 152 calls per determinism case), the flaky-race reproducer with K3N-007's
+#   mechanism check and lead 2's variants, and scripts/prove_fixes.py (each ledger fix on a patched copy).
+#   `sanitize` runs scripts/gpu_sanitize.py (every kernel subject under memcheck, racecheck, initcheck and
+#   synccheck; compute-sanitizer from PATH or /usr/local/cuda/bin). `ops` builds
 #   vLLM's CUDA ops from the carried csrc (engine-cache/vllm-0.33.0-csrc; `k3num build-ops`), times the
 #   fused context-KV path against the unfused one with them (bench/context_kv_speed.py), and runs the
 #   context-KV properties on them (mode source-gpu+ops) at small shapes (K3NUM_OPS_SMALL_PROFILE,
@@ -28,7 +33,8 @@ out=${1:?usage: scripts/device_session.sh OUT [PARTS]}
 parts=",${2:-bench,race,k3,small},"
 want() { [[ "$parts" == *",$1,"* ]]; }
 for p in ${parts//,/ }; do
-    case $p in ops|bench|race|k3|small) ;; *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small)"; exit 2;; esac
+    case $p in ops|bench|race|k3|small|hunt|sanitize) ;;
+        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize)"; exit 2;; esac
 done
 mkdir -p "$out"
 cd "$root"
@@ -47,7 +53,28 @@ small_jobs=${K3NUM_SMALL_JOBS:-vllm vllm-rocm sglang tokenspeed}
 for e in vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
-bench=0 race=0 k3=0 small=0 ops=0
+bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0
+if want hunt; then
+    echo "== the hunt: determinism, poisoned memory, off-path shapes (cuda)"
+    t0=$(date +%s)
+    timeout -s INT "${K3NUM_HUNT_TIMEOUT:-300}" python -m pytest properties/test_determinism.py \
+        properties/test_poisoned_memory.py properties/test_off_path_shapes.py --engine vllm,vllm-rocm,sglang,tokenspeed \
+        -p no:cacheprovider -q -rfEX --hypothesis-profile="${K3NUM_HUNT_PROFILE:-ci}" --drift-csv "$out/hunt.csv" \
+        --durations=10 2>&1 | grep -v "^SKIPPED" | tail -n 60 | tee "$out/hunt.log"
+    hunt=${PIPESTATUS[0]}
+    echo "hunt properties: exit $hunt in $(( $(date +%s) - t0 )) s" | tee -a "$out/hunt.log"
+    echo "== flaky-race reproducer (K3N-007 mechanism, lead 2)"
+    python scripts/repro_attn_res_flaky.py --calls "${K3NUM_FLAKY_CALLS:-300}" --csv "$out/attn_res_flaky.csv" \
+        | tee "$out/attn_res_flaky.md" || hunt=1
+    echo "== the ledger's fixes on patched copies"
+    python scripts/prove_fixes.py --out "$out/fixes" --profile "${K3NUM_HUNT_PROFILE:-ci}" || hunt=1
+fi
+if want sanitize; then
+    echo "== compute-sanitizer over the kernel subjects"
+    PATH=$PATH:/usr/local/cuda/bin python scripts/gpu_sanitize.py --out "$out/sanitize" \
+        --timeout "${K3NUM_SANITIZE_TIMEOUT:-200}"
+    sanitize=$?
+fi
 if want ops; then
     echo "== vLLM's CUDA ops: build, speed, properties"
     [ -f "$K3NUM_ENGINE_CACHE/vllm-0.33.0-csrc/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/vllm-0.33.0-csrc (carry it)"; exit 2; }
@@ -98,5 +125,5 @@ if [ -n "$k3_pid" ]; then wait "$k3_pid"; k3=$?; cat "$out/k3.log"; fi
 if [ -n "$small_pid" ]; then wait "$small_pid"; small=$?; cat "$out/small.log"; fi
 dirs=(); for d in k3 small; do [ -d "$out/$d" ] && dirs+=("$d"); done
 [ ${#dirs[@]} -gt 0 ] && tar czf "$out/properties.tgz" -C "$out" "${dirs[@]}"
-echo "device_session: ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
-[ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]
+echo "device_session: hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
+[ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]

@@ -14,6 +14,11 @@
 #                  writes its CSV and junit, and exits non-zero); default none
 #   K3NUM_SUITE    what to run: "properties" (default), or a path/-m expression passed to pytest,
 #                  e.g. "properties -m gpu" for the K3-shape properties alone
+#   K3NUM_SANITIZE the sanitizer mode after the properties: comma-separated compute-sanitizer tools
+#                  (memcheck,racecheck,initcheck,synccheck), each run over every kernel subject once
+#                  at small shapes (scripts/gpu_sanitize.py: OUT_DIR/sanitize/sanitizer.csv and .md,
+#                  appended to summary.md); an unknown tool fails before anything runs; without
+#                  compute-sanitizer on PATH the mode is skipped and says so (it does not pass)
 # The jobs are spread over the visible GPUs round robin (CUDA_VISIBLE_DEVICES, when set, lists
 # them); each job sees one GPU, as cuda:0. Runs with the python on PATH (a GPU box has torch with
 # CUDA; no venv is created). Exits non-zero when any engine's run failed; every engine's log stays
@@ -24,12 +29,23 @@ out=${1:-$root/out/nightly}
 shift || true
 mkdir -p "$out"
 cd "$root"
+sanitize=${K3NUM_SANITIZE:-}
+if [ -n "$sanitize" ]; then  # refuse a bad tool name before hours of properties
+    python - "$sanitize" <<'PY' || exit 2
+import sys
+from oracles import sanitizer
+try:
+    sanitizer.check_tools(sys.argv[1])
+except ValueError as e:
+    sys.exit(f"gpu_nightly: K3NUM_SANITIZE: {e}")
+PY
+fi
 python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device: the nightly GPU job needs one')"
 profile=${K3NUM_PROFILE:-nightly}
 engines=${K3NUM_ENGINES:-$(python -c "from engines import registry; print(' '.join(registry.defaults()))")}
 read -r -a suite <<< "${K3NUM_SUITE:-properties}"
 limit=${K3NUM_ENGINE_TIMEOUT:-}
-echo "gpu_nightly: profile=$profile jobs=[$engines] suite=[${suite[*]}] -> $out"
+echo "gpu_nightly: profile=$profile jobs=[$engines] suite=[${suite[*]}] sanitize=[${sanitize:-off}] -> $out"
 start=$SECONDS
 declare -A pids
 # the jobs share the host's cores: each gets its share of torch's CPU threads, not all of them
@@ -84,6 +100,15 @@ print(t.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 if covers_vllm_attn_res(t):
     print(SM100_NOTE)
 PY
+if [ -n "$sanitize" ]; then
+    set +e
+    python scripts/gpu_sanitize.py --sanitize "$sanitize" --out "$out/sanitize"
+    src=$?
+    set -e
+    { echo; cat "$out/sanitize/sanitizer.md"; } >> "$out/summary.md"
+    # 3: skipped (no compute-sanitizer): reported in the summary, not a failure of the properties
+    [ "$src" -eq 0 ] || [ "$src" -eq 3 ] || status=1
+fi
 cat "$out/summary.md"
 echo "gpu_nightly: done in $((SECONDS - start)) s, exit $status"
 exit "$status"

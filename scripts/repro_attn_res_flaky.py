@@ -50,7 +50,13 @@ def main() -> None:
                 ("vllm-rocm", "256 tokens (BLOCK_L 1)", {"tokens": 256}),
                 ("vllm-rocm", "hidden 7168", {"hidden": 7168}),
                 ("vllm-rocm", "scale 1.0", {"scale": 1.0}),
-                ("vllm-rocm", "seed 1", {"seed": 1})]
+                ("vllm-rocm", "seed 1", {"seed": 1}),
+                # lead 2 (issue 13): the NVIDIA kernel rewrites the prefix in place too; with num_blocks 0
+                # the output norm is fed from the register copy of the updated prefix
+                ("vllm", "lead 2: NVIDIA, num_blocks 0", {"num_blocks": 0}),
+                ("vllm", "lead 2: NVIDIA, num_blocks 0, hidden 64", {"num_blocks": 0, "hidden": 64}),
+                ("vllm", "lead 2: NVIDIA, num_blocks 0, hidden 32", {"num_blocks": 0, "hidden": 32}),
+                ("vllm", "lead 2: NVIDIA, num_blocks 0, 3 tokens", {"num_blocks": 0, "tokens": 3})]
     rows = []
     for engine_name, what, change in variants:
         engine = registry.get(engine_name)
@@ -69,15 +75,47 @@ def main() -> None:
             out = engine.subject(base.ATTN_RES)(inp.prefix.clone(), inp.delta, inp.blocks.clone(), inp.norm, inp.qk,
                                                 inp.out_norm, case.num_blocks, case.block_write_idx, EPS, OUT_EPS)
             seen.add(out.cpu().view(torch.int16).numpy().tobytes())
+        explained = explain(engine, case, inp, seen) if len(seen) > 1 else ""
         rows.append({"engine": engine_name, "case": what, **dataclasses.asdict(case), "calls": args.calls,
                      "over_budget": over, "first_failing_calls": " ".join(map(str, first)),
-                     "distinct_outputs": len(seen)})
+                     "distinct_outputs": len(seen), "explained": explained})
         print(f"{engine_name:<10} {what:<32} over budget {over:>4}/{args.calls} (first at {first})  "
-              f"distinct outputs {len(seen)}", flush=True)
+              f"distinct outputs {len(seen)}" + (f"; {explained}" if explained else ""), flush=True)
     if args.csv:
         import pandas as pd
 
         pd.DataFrame(rows).to_csv(args.csv, index=False)
+
+
+def explain(engine, case, inp, seen: set[bytes]) -> str:
+    """K3N-007's mechanism, checked: is each distinct output the reference computed from a prefix in
+    which one or two 32-element segments received the delta twice, bf16(bf16(p + d) + d)? Returns
+    'k of n distinct outputs match <segments>' (exact match in bf16 bits against the kernel run on that
+    prefix by the same kernel called without a delta, which is deterministic: no in-place store)."""
+    import itertools
+
+    from engines import base
+    from properties.test_attn_res import EPS, OUT_EPS
+
+    nodelta = engine.subject(base.ATTN_RES)
+    p, d = inp.prefix.float(), inp.delta.float()
+    from properties.support import round_storage
+
+    once = round_storage(engine, p + d)  # the platform's rounding (the interpreter truncates)
+    twice = round_storage(engine, once.float() + d)
+    segs = range(case.hidden // 32)
+    candidates = {}
+    for k in (0, 1, 2):
+        for combo in itertools.combinations(segs, k):
+            pre = once.clone()
+            for s_ in combo:
+                pre[:, 32 * s_: 32 * (s_ + 1)] = twice[:, 32 * s_: 32 * (s_ + 1)]
+            out = nodelta(pre.clone(), None, inp.blocks.clone(), inp.norm, inp.qk, inp.out_norm, case.num_blocks,
+                         case.block_write_idx, EPS, OUT_EPS)
+            candidates[out.cpu().view(torch.int16).numpy().tobytes()] = combo
+    matched = [candidates[o] for o in seen if o in candidates]
+    return (f"{len(matched)} of {len(seen)} distinct outputs equal the kernel without delta on a prefix with the delta added "
+            f"twice to 32-element segment(s) {sorted(matched)} (() = the right output)")
 
 
 if __name__ == "__main__":

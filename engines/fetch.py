@@ -72,8 +72,11 @@ PINS: dict[str, Pin] = {
             "vllm/model_executor/models/interfaces.py",
             "vllm/v1/worker/gpu/pp_utils.py",
             "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py",
+            "vllm/model_executor/layers/linear.py",
+            "vllm/model_executor/parameter.py",
+            "vllm/model_executor/layers/quantization/compressed_tensors/schemes/compressed_tensors_w4a4_nvfp4.py",
         ),
-        manifest_sha256="77e21b2d7dd40afe8960740817ac95b2068b19d9c9580eb55000152e315c800c",
+        manifest_sha256="f3f1c88d07d10bdc0a2267f2a4a78c9a526df84b9bd43395bb37257b2c724481",
     ),
     "sglang": Pin(
         "sglang", "sglang", "0.5.23", "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937",

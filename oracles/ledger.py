@@ -153,6 +153,35 @@ LEDGER: tuple[Divergence, ...] = (
         upstream="none found (not reported yet)",
     ),
     Divergence(
+        id="K3N-011", engine="vllm", version="0.33.0", subject="block_fp8_loading",
+        test="test_block_fp8_merged_shards_dequantize_to_the_per_layer_weights",
+        what="a block-FP8 DSpark draft loads into the merged context_kv_proj with misplaced block scales: each "
+             "layer's 576 rows are 4.5 blocks of 128, the merged layer allows the block-shape mismatch "
+             "(linear.py _maybe_allow_fp8_block_shape_mismatch), and MergedColumnParallelLinear.weight_loader_v2 puts "
+             "layer l's scale rows at ceil(576 l / 128) (adjust_block_scale_shard) while the block GEMM reads row r "
+             "with scale row r // 128; a merged block also straddles two layers that have two scales. Layers 1 and "
+             "3 dequantize wrong in 320 of 576 rows, and the scale rows layers 2 and 4 share with 1 and 3 hold "
+             "whichever shard arrived last. Shards that are whole blocks (W % 128 == 0) load right in any order",
+        reproducer="5 layers x 576 rows, hidden 256, per-layer block scales (refmodel.quant.quantize_fp8_block), "
+                   "arrival order 0..4: rows wrong per layer [0, 320, 0, 320, 0]; order [2, 0, 1] with 3 layers: "
+                   "[0, 320, 128] (properties/test_quantized_loading.py, CPU, vLLM's own loader code)",
+        upstream="none found (not reported yet)",
+    ),
+    Divergence(
+        id="K3N-012", engine="vllm", version="0.33.0", subject="nvfp4_loading",
+        test="test_nvfp4_merged_shards_dequantize_to_the_per_layer_weights",
+        what="a compressed-tensors NVFP4 DSpark draft whose layers carry their own weight global scales loads "
+             "into the merged context_kv_proj with one global scale for all: CompressedTensorsW4A4Fp4."
+             "process_weights_after_loading keeps max(weight_global_scale) and only logs a warning, so every "
+             "layer but the one with the largest global scale is dequantized scaled by g_l / g_max (kv_c survives "
+             "its RMSNorm up to eps; k_pe, which is not normed, does not)",
+        reproducer="5 layers x 576 rows, hidden 64, each layer quantized on its own (refmodel.quant.quantize_nvfp4; "
+                   "global scales differ): rows wrong per layer [0, 576, 576, 576, 576], median ratios 1.0, 0.43, "
+                   "0.33, 0.26, 0.18 (properties/test_quantized_loading.py, CPU, vLLM's own loader and scheme code); "
+                   "shards sharing one global scale load exactly",
+        upstream="none found (not reported yet)",
+    ),
+    Divergence(
         id="K3N-010", engine="vllm-rocm", version="0.33.0", subject="attn_res",
         test="test_attn_res_bank_indices_outside_the_bank_are_refused",
         what="same as K3N-009 in amd/ops/attn_res.py, which checks no bound at all",

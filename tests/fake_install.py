@@ -131,6 +131,16 @@ SHIMS: dict[str, dict[str, str]] = {
 TOPS = {"vllm": {"vllm"}, "sglang": {"sglang", "sgl_kernel"}, "tokenspeed": {"tokenspeed", "tokenspeed_kernel"}}
 
 
+# pinned files that only source mode uses (lifted functions and classes: the PP relay, the
+# quantized loaders): they import deep into the engine, which this fake serves with placeholders,
+# so they stay out of the fake site (a real install has them, with their real imports)
+LIFTED_ONLY: dict[str, tuple[str, ...]] = {
+    "vllm": ("vllm/v1/worker/gpu/pp_utils.py", "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py",
+             "vllm/model_executor/layers/linear.py", "vllm/model_executor/parameter.py",
+             "vllm/model_executor/layers/quantization/compressed_tensors/schemes/compressed_tensors_w4a4_nvfp4.py"),
+}
+
+
 class FakeInstall:
     """`engine` (a PINS key) installed under `site` at `version` (default: the pin's)."""
 
@@ -140,6 +150,8 @@ class FakeInstall:
         self.site, self.engine, self.version = site, engine, version or pin.version
         cache = fetch.cache_root() / f"{pin.engine}-{pin.version}"
         for rel in pin.files:
+            if rel in LIFTED_ONLY.get(engine, ()):
+                continue
             dst = site / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(cache / rel, dst)

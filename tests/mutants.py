@@ -418,7 +418,58 @@ def _pp_mutant(bug: str) -> Callable:
 
 PP_MUTANTS = ("tap_not_relayed", "tap_slot_base_off_by_one", "tap_not_packed")
 
-ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS, *TRANSFER_MUTANTS, *OWNER_MUTANTS, *OPS_MUTANTS, *PP_MUTANTS])
+
+def _block_fp8_loader(bug: str) -> Callable:
+    """The mirror's merged block-FP8 loader with one piece broken."""
+    from engines.mirror import weights as m_weights
+
+    def load(tensors, num_layers, block):
+        bn, bk = block
+        width, hidden = next(t for name, t in tensors if name == "weight").shape
+        if bug == "block_rows_by_arrival":  # each shard placed where it arrives, not at its shard id
+            seen: dict[str, int] = {}
+            relabelled = []
+            for name, t in tensors:
+                c = t.detach()
+                c.shard_id = seen.setdefault(name, 0)
+                seen[name] += 1
+                relabelled.append((name, c))
+            return m_weights.load_block_fp8(relabelled, num_layers, block)
+        # "block_scales_rounded_up": any shard geometry accepted, scale rows at ceil(offset / bn)
+        weight = torch.empty(num_layers * width, hidden, dtype=torch.float8_e4m3fn)
+        scale = torch.full((-(-num_layers * width // bn), -(-hidden // bk)), float("nan"))
+        per = -(-width // bn)
+        for name, t in tensors:
+            lyr = t.shard_id
+            if name == "weight":
+                weight[lyr * width:(lyr + 1) * width] = t
+            else:
+                off = -(-lyr * width // bn)
+                scale[off:off + per] = t[: scale.shape[0] - off]
+        return weight, scale
+
+    return load
+
+
+def _nvfp4_first_global(tensors, num_layers):
+    """Differing global scales accepted, the first shard's used for all."""
+    from engines.mirror import weights as m_weights
+
+    first = next(t for name, t in tensors if name == "weight_global_scale")
+    same = []
+    for name, t in tensors:
+        if name == "weight_global_scale":
+            c = first.detach().clone()
+            c.shard_id = t.shard_id
+            t = c
+        same.append((name, t))
+    return m_weights.load_nvfp4(same, num_layers)
+
+
+FP8_MUTANTS = ("block_rows_by_arrival", "block_scales_rounded_up", "nvfp4_first_global")
+
+ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS, *TRANSFER_MUTANTS, *OWNER_MUTANTS, *OPS_MUTANTS, *PP_MUTANTS,
+              *FP8_MUTANTS])
 
 
 def build(name: str) -> base.Engine:
@@ -437,6 +488,11 @@ def build(name: str) -> base.Engine:
         extras["context_kv_ops"] = _BrokenOps(name)
     if name in PP_MUTANTS:
         extras["pp_taps"] = _pp_mutant(name)
+    if name in FP8_MUTANTS[:2]:
+        extras["block_fp8_loading"] = _block_fp8_loader(name)
+        extras["weight_loading"] = mirror.weight_loading()
+    if name == "nvfp4_first_global":
+        extras["nvfp4_loading"] = _nvfp4_first_global
     broken = MUTANTS.get(name, {})
     correct = mirror.subjects()
     subjects = {s: correct[s] for group in PATHS if set(group) & set(broken) for s in group}

@@ -44,3 +44,53 @@ class Mapper:
                     name = name.replace(old, new, 1)
                     data.shard_id = shard  # type: ignore[attr-defined]
             yield "model." + name, data
+
+
+def load_block_fp8(tensors: list[tuple[str, torch.Tensor]], num_layers: int, block: tuple[int, int]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The merged layer's block-FP8 parameters from per-layer shards, as a block GEMM reads them
+    (row r uses scale row r // bn): each layer's rows at l * W, its scale rows at l * W / bn. That
+    layout exists only when W is whole bn-row blocks; otherwise a merged block would straddle two
+    layers with two scales, so the load is refused."""
+    bn, bk = block
+    width, hidden = next(t for name, t in tensors if name == "weight").shape
+    if width % bn:
+        raise ValueError(f"block-FP8 merged layer: a shard of {width} rows is not whole {bn}-row blocks "
+                         f"({width / bn:g} blocks): its blocks would share scale rows with the next layer's")
+    weight = torch.empty(num_layers * width, hidden, dtype=torch.float8_e4m3fn)
+    scale = torch.full((num_layers * width // bn, -(-hidden // bk)), float("nan"), dtype=torch.float32)
+    for name, t in tensors:
+        lyr = t.shard_id
+        if name == "weight":
+            weight[lyr * width:(lyr + 1) * width] = t
+        elif name == "weight_scale_inv":
+            scale[lyr * width // bn:(lyr + 1) * width // bn] = t
+        else:
+            raise ValueError(f"block_fp8_loading: no parameter {name!r} in a block-FP8 merged layer")
+    return weight, scale
+
+
+def load_nvfp4(tensors: list[tuple[str, torch.Tensor]], num_layers: int) -> dict[str, object]:
+    """A merged compressed-tensors NVFP4 layer from per-layer shards: the GEMM applies one global
+    scale to the whole weight, so the shards must share theirs; differing ones are refused (each
+    shard's group scales were computed against its own)."""
+    width, half = next(t for name, t in tensors if name == "weight_packed").shape
+    groups = next(t for name, t in tensors if name == "weight_scale").shape[1]
+    weight = torch.empty(num_layers * width, half, dtype=torch.uint8)
+    scale = torch.empty(num_layers * width, groups, dtype=torch.float8_e4m3fn)
+    globals_: dict[int, float] = {}
+    for name, t in tensors:
+        lyr = t.shard_id
+        if name == "weight_packed":
+            weight[lyr * width:(lyr + 1) * width] = t
+        elif name == "weight_scale":
+            scale[lyr * width:(lyr + 1) * width] = t
+        elif name == "weight_global_scale":
+            globals_[lyr] = float(t.reshape(-1)[0])
+        elif name != "input_global_scale":
+            raise ValueError(f"nvfp4_loading: no parameter {name!r} in a compressed-tensors NVFP4 merged layer")
+    if len(set(globals_.values())) > 1:
+        raise ValueError(f"NVFP4 merged layer: the shards' weight global scales differ ({sorted(globals_.items())}); "
+                         "one global scale cannot dequantize them all")
+    g = next(iter(globals_.values()))
+    return {"weight": weight, "weight_scale": scale, "weight_multiplier": torch.tensor([1.0 / g]), "warnings": []}

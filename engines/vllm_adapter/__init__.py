@@ -45,7 +45,7 @@ import torch
 from engines import base, fetch, installed, source, triton_support
 from engines.registry import EngineUnavailable
 from engines.triton_support import require_interpreter, truncate_to_bf16
-from engines.vllm_adapter import pp_forward
+from engines.vllm_adapter import pp_forward, quant_loading
 from engines.vllm_adapter.attn_res import _load_amd_attn_res, _load_attn_res
 from engines.vllm_adapter.aux_capture import _bind_capture, _bind_rocm_capture
 from engines.vllm_adapter.common import (
@@ -87,6 +87,17 @@ CONTRACT: dict[str, dict[str, dict[str, list[str] | None]]] = {
             ["self", "context_states", "context_positions", "context_slot_mapping"],
         "K3DSparkModel._has_uniform_block_layout": None, "K3DSparkModel._get_context_kv_cache_ptrs": None}},
     "weight_loading": {DSPARK_PY: {"_duplicate_context_kv_weights": None}, UTILS_PY: {}},
+    "block_fp8_loading": {quant_loading.LINEAR_PY: {
+        "adjust_block_scale_shard": ["weight_block_size", "shard_size", "shard_offset"],
+        "MergedColumnParallelLinear.weight_loader_v2": ["self", "param", "loaded_weight", "loaded_shard_id"],
+        "MergedColumnParallelLinear.validate_shard_id": None},
+        quant_loading.PARAMETER_PY: {"_ColumnvLLMParameter.load_merged_column_weight": None}},
+    "nvfp4_loading": {quant_loading.CT_NVFP4_PY: {
+        "CompressedTensorsW4A4Fp4.create_weights":
+            ["self", "layer", "output_partition_sizes", "input_size_per_partition", "params_dtype", "weight_loader"],
+        "CompressedTensorsW4A4Fp4.process_weights_after_loading": ["self", "layer"]},
+        quant_loading.LINEAR_PY: {"MergedColumnParallelLinear.weight_loader_v2": None},
+        quant_loading.PARAMETER_PY: {"PerTensorScaleParameter._load_into_shard_id": None}},
     "pp_taps": {MODEL_PY: {"KimiLinearModel.forward": None, "KimiLinearModel._set_aux_hidden_state_layers": None},
                 pp_forward.INTERFACES_PY: {f"EagleModelMixin.{m}": None for m in pp_forward.MIXIN_METHODS},
                 pp_forward.EAGLE3_UTILS_PY: {"aux_hidden_state_relay_keys": None},
@@ -168,6 +179,8 @@ def build() -> base.Engine:
             missing[s] = f"needs attn_res: {missing[base.ATTN_RES]}"
     _bind(base.CONTEXT_KV_FUSED, root, lambda: _bind_precompute(root / DSPARK_PY, None, ops), bound, missing)
     _bind("weight_loading", root, lambda: _bind_weight_loading(root), bound, missing)
+    _bind("block_fp8_loading", root, lambda: quant_loading.bind(root), bound, missing)
+    _bind("nvfp4_loading", root, lambda: quant_loading.bind_nvfp4(root), bound, missing)
     subjects = {s: f for s, f in bound.items() if s in base.SUBJECTS}
     if not subjects:
         raise _unavailable("vllm", missing, (base.ATTN_RES, base.AUX_CAPTURE, base.CONTEXT_KV_FUSED))
@@ -177,7 +190,8 @@ def build() -> base.Engine:
         note = "; ".join(filter(None, [note, f"compiled ops are stand-ins: {ops_note}"]))
     m = fetch.verified_manifest("vllm") or fetch.manifest("vllm")
     files = {base.ATTN_RES: ATTN_RES_PY, base.AUX_CAPTURE: MODEL_PY, base.CONTEXT_KV_FUSED: DSPARK_PY}
-    extras: dict[str, Any] = {k: bound[k] for k in ("weight_loading", "pp_taps") if k in bound}
+    extras: dict[str, Any] = {k: bound[k] for k in ("weight_loading", "pp_taps", "block_fp8_loading", "nvfp4_loading")
+                              if k in bound}
     if ops is not None and base.CONTEXT_KV_FUSED in bound:
         extras["context_kv_ops"] = _RealContextKVOps(ops)
     if "pp_taps" in bound:

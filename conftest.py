@@ -74,6 +74,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "sets K3NUM_ENGINE_MODE",
     )
     group.addoption(
+        "--golden",
+        default=None,
+        metavar="DIR",
+        help="judge the golden properties (properties/test_golden.py) against the stored float64 outputs of the set "
+        "in DIR (written by `k3num golden write`); a tampered or mismatched set is refused; sets K3NUM_GOLDEN",
+    )
+    group.addoption(
         "--drift-csv",
         default=None,
         metavar="PATH",
@@ -100,6 +107,17 @@ def pytest_configure(config: pytest.Config) -> None:
         installed.requested()
     except ValueError as e:
         raise pytest.UsageError(str(e)) from e
+    gold = config.getoption("--golden")
+    if gold is not None:
+        from pathlib import Path
+
+        from fixtures import golden
+
+        try:
+            golden.load_manifest(Path(gold))
+        except golden.GoldenError as e:
+            raise pytest.UsageError(f"--golden: {e}") from e
+        os.environ["K3NUM_GOLDEN"] = gold
     dev = config.getoption("--device")
     if dev is not None:
         os.environ["K3NUM_DEVICE"] = dev

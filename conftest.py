@@ -81,6 +81,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "in DIR (written by `k3num golden write`); a tampered or mismatched set is refused; sets K3NUM_GOLDEN",
     )
     group.addoption(
+        "--repro-dir",
+        default=None,
+        metavar="DIR",
+        help="write DIR/<property>-<engine>-<seed>.safetensors for every failing comparison: the subject's inputs, "
+        "its output and the oracle's, with the engine, budget, node id and command (replay: `k3num replay FILE`)",
+    )
+    group.addoption(
+        "--repro-all",
+        action="store_true",
+        help="with --repro-dir, also write the worst comparison of each property (<property>-<engine>-worst)",
+    )
+    group.addoption(
         "--drift-csv",
         default=None,
         metavar="PATH",
@@ -107,6 +119,13 @@ def pytest_configure(config: pytest.Config) -> None:
         installed.requested()
     except ValueError as e:
         raise pytest.UsageError(str(e)) from e
+    repro_dir = config.getoption("--repro-dir")
+    if repro_dir is not None:
+        os.environ["K3NUM_REPRO_DIR"] = repro_dir
+    elif config.getoption("--repro-all"):
+        raise pytest.UsageError("--repro-all: needs --repro-dir DIR")
+    if config.getoption("--repro-all"):
+        os.environ["K3NUM_REPRO_ALL"] = "1"
     gold = config.getoption("--golden")
     if gold is not None:
         from pathlib import Path

@@ -4,6 +4,8 @@
                               hash-checked, with only the needed files extracted
     k3num build-ops           vLLM's CUDA ops for the fused context-KV path, built from the pinned
                               sdist's csrc against the local torch (a CUDA machine with nvcc)
+    k3num replay BUNDLE       rerun a repro bundle (--repro-dir) and judge it: exit 0 pass, 1 fail
+    k3num repro K3N-00X       write the repro bundle of a ledger entry's reproducer
     k3num golden write        a golden set: inputs and float64 oracle outputs (safetensors) and a
                               hash-checked manifest, for `pytest --golden DIR`
 """
@@ -63,6 +65,58 @@ def cmd_golden_write(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from engines import repro
+
+    if args.engine_src:
+        os.environ[fetch.ENGINE_SRC_ENV] = ",".join(args.engine_src)
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton's first import, as the root conftest does
+    try:
+        fetch.local_sources()
+        passed, line = repro.replay(Path(args.bundle), device=args.device)
+    except (repro.NotReplayable, ValueError, OSError) as e:
+        print(f"[replay] ERROR: {e}", file=sys.stderr)
+        return 2
+    print(line)
+    return 0 if passed else 1
+
+
+def cmd_repro(args: argparse.Namespace) -> int:
+    import subprocess
+    from pathlib import Path
+
+    from oracles import ledger
+
+    entry = next((d for d in ledger.LEDGER if d.id == args.entry), None)
+    if entry is None:
+        print(f"[repro] ERROR: no ledger entry {args.entry!r}; known: {[d.id for d in ledger.LEDGER]}", file=sys.stderr)
+        return 2
+    root = Path(__file__).resolve().parents[1]
+    files = [p for p in sorted((root / "properties").glob("test_*.py")) if f"def {entry.test}(" in p.read_text()]
+    if not files:
+        print(f"[repro] ERROR: {entry.id}: its test {entry.test} is in no property file", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    before = set(out.glob("*.safetensors")) if out.is_dir() else set()
+    cmd = [sys.executable, "-m", "pytest", f"{files[0].relative_to(root)}::{entry.test}", "--engine", entry.engine,
+           "--repro-dir", str(out), "-p", "no:cacheprovider", "-q", f"--hypothesis-profile={args.profile}"]
+    print(f"[repro] {entry.id}: {' '.join(cmd[2:])}")
+    subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+    written = sorted(set(out.glob("*.safetensors")) - before) if out.is_dir() else []
+    if not written:
+        where = f" (it shows in modes {', '.join(entry.modes)})" if entry.modes else ""
+        print(f"[repro] {entry.id}: no failing comparison was reproduced here{where}; an exact-contract failure "
+              "writes no bundle", file=sys.stderr)
+        return 1
+    for p in written:
+        print(f"[repro] {p}  (replay: k3num replay {p})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="k3num", description="k3-numerics: the K3 numerics harness's tools")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
@@ -83,6 +137,18 @@ def main(argv: list[str] | None = None) -> int:
     gw.add_argument("--out", required=True, help="an empty or new directory")
     gw.add_argument("--seed", type=int, default=0, help="seed of the case draws (default 0)")
     gw.set_defaults(func=cmd_golden_write)
+    r = sub.add_parser("replay", help="rerun a repro bundle's subject on its stored inputs and judge it with the same "
+                                      "budget: exit 0 pass, 1 fail (a bisection predicate), 2 not replayable")
+    r.add_argument("bundle", help="a .safetensors file written by --repro-dir")
+    r.add_argument("--engine-src", action="append", default=[], metavar="NAME=PATH",
+                   help="read engine NAME from PATH (a checkout or a patch) instead of the pinned release")
+    r.add_argument("--device", default="cpu", help="device of the stored inputs (default cpu)")
+    r.set_defaults(func=cmd_replay)
+    rp = sub.add_parser("repro", help="write the repro bundle(s) of a ledger entry's reproducer")
+    rp.add_argument("entry", help="a ledger entry id, e.g. K3N-006")
+    rp.add_argument("--out", required=True, help="directory for the bundles")
+    rp.add_argument("--profile", default="ci", help="hypothesis profile of the run (default ci)")
+    rp.set_defaults(func=cmd_repro)
     args = ap.parse_args(argv)
     return int(args.func(args))
 

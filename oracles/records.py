@@ -16,6 +16,9 @@ from oracles.budgets import Budget
 from oracles.metrics import compare
 
 PASS, FAIL, INFO = "pass", "fail", "info"
+# set by properties.support under --repro-dir: each record then carries the compared tensors in
+# `extra` ("actual", "reference") until the bundle is written (they never reach the CSV)
+KEEP_TENSORS = False
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ def judge(
         ratio=ratio,
         verdict=verdict,
         detail=detail,
+        extra={"actual": actual, "reference": reference} if KEEP_TENSORS else {},
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -40,16 +41,70 @@ def _device() -> str:
 DEVICE = _device()
 
 
+# repro bundles (engines/repro.py): --repro-dir sets K3NUM_REPRO_DIR, --repro-all K3NUM_REPRO_ALL
+REPRO_DIR = os.environ.get("K3NUM_REPRO_DIR", "")
+REPRO_ALL = os.environ.get("K3NUM_REPRO_ALL") == "1"
+_LAST: dict[str, tuple] = {}  # subject -> (cloned args, cloned kwargs, result, args, kwargs) of its last call
+_WORST: dict[tuple[str, str], float] = {}  # (property, engine) -> worst ratio bundled so far (--repro-all)
+if REPRO_DIR:
+    from oracles import records as _records
+
+    _records.KEEP_TENSORS = True
+
+
+def _clone(v: object) -> object:
+    if isinstance(v, torch.Tensor):
+        return v.detach().clone()
+    if isinstance(v, list):
+        return [_clone(x) for x in v]
+    if isinstance(v, tuple):
+        return tuple(_clone(x) for x in v)
+    return v
+
+
 def subject(engine: Engine, name: str) -> Subject:
-    """The engine's subject, or a skip whose reason names engine, version and subject."""
+    """The engine's subject, or a skip whose reason names engine, version and subject. Under
+    --repro-dir each call's arguments are cloned before it runs (the subject may write them)."""
     try:
-        return engine.subject(name)
+        fn = engine.subject(name)
     except SubjectMissing as e:
         pytest.skip(str(e))
+    if not REPRO_DIR:
+        return fn
+
+    def recorded(*args: object, **kwargs: object) -> object:
+        cargs, ckw = _clone(args), {k: _clone(v) for k, v in kwargs.items()}
+        result = fn(*args, **kwargs)
+        _LAST[name] = (cargs, ckw, result, args, kwargs)
+        return result
+
+    return recorded
+
+
+def _bundle(record: Record, tag: str) -> None:
+    from pathlib import Path
+
+    from engines import repro
+
+    name = f"{record.property}-{record.engine}-{tag}.safetensors"
+    meta = {k: getattr(record, k) for k in ("engine", "engine_version", "mode", "source_sha256", "subject",
+                                            "property", "detail", "seed", "budget", "budget_rule", "max_abs",
+                                            "ratio", "verdict", "ledger")}
+    meta["node_id"] = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+    repro.write(Path(REPRO_DIR) / name, call=_LAST.get(record.subject), actual=record.extra["actual"],
+                reference=record.extra["reference"], meta=meta)
 
 
 def report(record: Record, *, climb: bool = True) -> Record:
     """Collect the record for the drift CSV, steer hypothesis toward the worst ratio, assert the verdict."""
+    if REPRO_DIR and "actual" in record.extra:
+        if record.verdict == FAIL:
+            _bundle(record, str(record.seed))
+        key = (record.property, record.engine)
+        if REPRO_ALL and math.isfinite(record.ratio) and record.ratio > _WORST.get(key, -1.0):
+            _WORST[key] = record.ratio
+            _bundle(record, "worst")
+        record = dataclasses.replace(record, extra={})
     COLLECTOR.add(record)
     if climb and math.isfinite(record.ratio) and currently_in_test_context():
         part = record.detail.split(";")[0]

@@ -74,6 +74,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "sets K3NUM_ENGINE_MODE",
     )
     group.addoption(
+        "--checkpoint",
+        default=None,
+        metavar="DIR",
+        help="run properties/test_checkpoint.py on the checkpoint in DIR (Hugging Face layout: config.json, "
+        "model.safetensors.index.json, safetensors shards), checked against its config before the run; sets "
+        "K3NUM_CHECKPOINT",
+    )
+    group.addoption(
         "--golden",
         default=None,
         metavar="DIR",
@@ -126,6 +134,15 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--repro-all: needs --repro-dir DIR")
     if config.getoption("--repro-all"):
         os.environ["K3NUM_REPRO_ALL"] = "1"
+    ck = config.getoption("--checkpoint")
+    if ck is not None:
+        from fixtures import checkpoint
+
+        try:
+            checkpoint.open_checkpoint(ck).validate()
+        except checkpoint.CheckpointError as e:
+            raise pytest.UsageError(f"--checkpoint: {e}") from e
+        os.environ["K3NUM_CHECKPOINT"] = ck
     gold = config.getoption("--golden")
     if gold is not None:
         from pathlib import Path

@@ -63,8 +63,9 @@ def test_correct_mirror_passes_every_property(outcomes: dict[str, dict[str, str]
     assert not failed, f"the correct mirror failed: {failed}"
     # the only skips allowed are the GPU properties on a machine without CUDA
     skipped = [name for name, status in results.items() if status == "skipped"]
-    # (and the golden properties, which need --golden DIR: tests/test_golden_sets.py runs them)
-    assert all(name.startswith(("test_k3_", "test_golden_")) or name.split("[")[0] in GPU_ONLY for name in skipped), \
+    # (and the golden and checkpoint properties, which need --golden DIR / --checkpoint DIR:
+    # tests/test_golden_sets.py and tests/test_checkpoint_input.py run them, with their mutants)
+    assert all(name.startswith(("test_k3_", "test_golden_", "test_checkpoint_")) or name.split("[")[0] in GPU_ONLY for name in skipped), \
         f"unexpected skips: {skipped}"
     assert any(status == "passed" for status in results.values())
 

@@ -75,8 +75,9 @@ PINS: dict[str, Pin] = {
             "vllm/model_executor/layers/linear.py",
             "vllm/model_executor/parameter.py",
             "vllm/model_executor/layers/quantization/compressed_tensors/schemes/compressed_tensors_w4a4_nvfp4.py",
+            "vllm/model_executor/layers/quantization/modelopt.py",
         ),
-        manifest_sha256="f3f1c88d07d10bdc0a2267f2a4a78c9a526df84b9bd43395bb37257b2c724481",
+        manifest_sha256="4ed01d8b069bd36542fe70f4f2cbdc0b63a9dafaa5a4f5525846f930a372f65c",
     ),
     "sglang": Pin(
         "sglang", "sglang", "0.5.23", "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937",

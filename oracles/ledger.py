@@ -170,15 +170,17 @@ LEDGER: tuple[Divergence, ...] = (
     Divergence(
         id="K3N-012", engine="vllm", version="0.33.0", subject="nvfp4_loading",
         test="test_nvfp4_merged_shards_dequantize_to_the_per_layer_weights",
-        what="a compressed-tensors NVFP4 DSpark draft whose layers carry their own weight global scales loads "
-             "into the merged context_kv_proj with one global scale for all: CompressedTensorsW4A4Fp4."
-             "process_weights_after_loading keeps max(weight_global_scale) and only logs a warning, so every "
-             "layer but the one with the largest global scale is dequantized scaled by g_l / g_max (kv_c survives "
+        what="an NVFP4 DSpark draft whose layers carry their own per-tensor scales loads into the merged "
+             "context_kv_proj with one scale for all, with only a warning: compressed-tensors "
+             "(CompressedTensorsW4A4Fp4.process_weights_after_loading) keeps max(weight_global_scale), a divisor, "
+             "so every other layer is scaled by g_l / g_max < 1; ModelOpt (modelopt.py KNvfp4Static.process) keeps "
+             "max(weight_scale_2), a multiplier, so every other layer is scaled by s_max / s_l > 1 (kv_c survives "
              "its RMSNorm up to eps; k_pe, which is not normed, does not)",
         reproducer="5 layers x 576 rows, hidden 64, each layer quantized on its own (refmodel.quant.quantize_nvfp4; "
                    "global scales differ): rows wrong per layer [0, 576, 576, 576, 576], median ratios 1.0, 0.43, "
-                   "0.33, 0.26, 0.18 (properties/test_quantized_loading.py, CPU, vLLM's own loader and scheme code); "
-                   "shards sharing one global scale load exactly",
+                   "0.33, 0.26, 0.18 (compressed-tensors) and 5.63, 2.43, 1.88, 1.46, 1.0 (ModelOpt) "
+                   "(properties/test_quantized_loading.py, CPU, vLLM's own loader and scheme code); shards sharing "
+                   "one per-tensor scale load exactly",
         upstream="none found (not reported yet)",
     ),
     Divergence(

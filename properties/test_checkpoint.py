@@ -93,9 +93,7 @@ def test_checkpoint_quantized_shards_load_as_the_per_layer_weights(engine) -> No
     c = _checkpoint(draft=True)
     if c.quant == "none":
         pytest.skip(f"{c.root}: not quantized")
-    key = {"fp8": "block_fp8_loading", "nvfp4-ct": "nvfp4_loading"}.get(c.quant)
-    if key is None:
-        pytest.skip(f"{c.quant}: no engine loader for this format is bound yet (ModelOpt NVFP4: issue 9)")
+    key = {"fp8": "block_fp8_loading", "nvfp4-ct": "nvfp4_loading", "nvfp4-modelopt": "nvfp4_modelopt_loading"}[c.quant]
     load, loading = engine.extras.get(key), engine.extras.get("weight_loading")
     if load is None or loading is None:
         pytest.skip(f"engine {engine.name} {engine.version} has no {key} loader")
@@ -107,17 +105,20 @@ def test_checkpoint_quantized_shards_load_as_the_per_layer_weights(engine) -> No
             weight, scale = load(tensors, g.num_layers, (quant.FP8_BLOCK, quant.FP8_BLOCK))
             got = quant.dequantize_fp8_block(weight, scale)
         else:
-            loaded = load([(n, t) for n, t in tensors] + _input_scales(g.num_layers), g.num_layers)
+            extra = _input_scales(g.num_layers) if c.quant == "nvfp4-ct" else []
+            loaded = load(tensors + extra, g.num_layers)
             got = quant.dequantize_nvfp4_modelopt(loaded["weight"], loaded["weight_scale"], loaded["weight_multiplier"])
     except (ValueError, NotImplementedError) as e:  # a refusal is a result: recorded, with its message
         _refused(engine, f"checkpoint={c.root};quant={c.quant}", e)
         return
     if c.quant == "fp8":
         want = torch.cat([c.kv_weight(layer) for layer in range(g.num_layers)])
-    else:  # as a one-layer checkpoint's NVFP4 GEMM reads it: fp32(1 / global scale)
+    elif c.quant == "nvfp4-ct":  # as a one-layer checkpoint's NVFP4 GEMM reads it: fp32(1 / global scale)
         want = torch.cat([quant.dequantize_nvfp4_modelopt(
             s["weight_packed"], s["weight_scale"], (1.0 / s["weight_global_scale"]).to(torch.float32))
             for s in (c.kv_shard(layer) for layer in range(g.num_layers))])
+    else:  # ModelOpt: scale_2 is the multiplier itself
+        want = torch.cat([c.kv_weight(layer) for layer in range(g.num_layers)])
     wrong = (got != want).any(1).view(g.num_layers, g.kv_width).sum(1).tolist()
     assert sum(wrong) == 0, (f"{c.root} ({c.quant}): dequantized as the GEMM reads it, the merged weight differs from "
                              f"the checkpoint's per-layer weights in {wrong} rows per layer (of {g.kv_width})")

@@ -9,8 +9,9 @@ the block GEMM reads them (row r with scale row r // 128), equal the row-stack o
 dequantized weights, for any number of layers, any arrival order and per-layer scales that differ.
 An engine may refuse a shard geometry instead (recorded in the CSV with its message).
 
-Compressed-tensors NVFP4 (extras["nvfp4_loading"]: vLLM's `CompressedTensorsW4A4Fp4.create_weights`,
-the merged loader and the scheme's `process_weights_after_loading`): the same exact contract, with
+NVFP4, compressed-tensors (extras["nvfp4_loading"]: vLLM's `CompressedTensorsW4A4Fp4.create_weights`,
+the merged loader and the scheme's `process_weights_after_loading`) and ModelOpt
+(extras["nvfp4_modelopt_loading"]: modelopt.py's `KNvfp4Static` weight scheme): the same exact contract, with
 the weight dequantized as the NVFP4 GEMM reads it (e2m1 x group scale x the one float32 per-tensor
 multiplier the scheme keeps; a one-layer checkpoint's is fp32(1 / its global scale)), for shards
 quantized on their own (global scales that differ) or sharing one global scale. A warning the
@@ -94,47 +95,63 @@ def test_block_fp8_merged_shards_dequantize_to_the_per_layer_weights(engine, lay
                              f"the per-layer weights in {wrong} rows per layer (of {width})")
 
 
-def _nvfp4_shards(layers: int, width: int, hidden: int, seed: int, shared: bool) -> list[dict[str, torch.Tensor]]:
+NVFP4 = {  # format -> (the engine's loader, the checkpoint names: packed, group scale, per-tensor scale)
+    "compressed-tensors": ("nvfp4_loading", ("weight_packed", "weight_scale", "weight_global_scale")),
+    "modelopt": ("nvfp4_modelopt_loading", ("weight", "weight_scale", "weight_scale_2")),
+}
+
+
+def _nvfp4_shards(layers: int, width: int, hidden: int, seed: int, shared: bool, naming: str
+                  ) -> list[dict[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
     ws = [torch.randn(width, hidden, generator=g, dtype=torch.float64) * (1 + layer) for layer in range(layers)]
     if not shared:
-        return [quant.quantize_nvfp4(w) for w in ws]
-    q = quant.quantize_nvfp4(torch.cat(ws))  # one global scale for all: the rows split into shards
-    return [{"weight_packed": q["weight_packed"][i * width:(i + 1) * width],
-             "weight_scale": q["weight_scale"][i * width:(i + 1) * width],
-             "weight_global_scale": q["weight_global_scale"]} for i in range(layers)]
+        return [quant.quantize_nvfp4(w, naming=naming) for w in ws]
+    q = quant.quantize_nvfp4(torch.cat(ws), naming=naming)  # one global scale for all: the rows split into shards
+    packed, group, per_tensor = NVFP4[naming][1]
+    return [{packed: q[packed][i * width:(i + 1) * width], group: q[group][i * width:(i + 1) * width],
+             per_tensor: q[per_tensor]} for i in range(layers)]
 
 
+def _one_layer_multiplier(shard: dict[str, torch.Tensor], naming: str) -> torch.Tensor:
+    """The float32 factor an NVFP4 GEMM applies to a one-layer checkpoint's weight: 1 / global scale
+    (compressed-tensors stores a divisor) or scale_2 itself (ModelOpt stores a multiplier)."""
+    if naming == "compressed-tensors":
+        return (1.0 / shard["weight_global_scale"]).to(torch.float32)
+    return shard["weight_scale_2"]
+
+
+@pytest.mark.parametrize("naming", list(NVFP4))
 @given(layers=st.integers(1, 4), width=st.sampled_from([64, K3_WIDTH]), shared=st.booleans(), data=st.data(),
        seed=seeds)
-@example(layers=5, width=K3_WIDTH, shared=False, data=None, seed=0)  # K3N-012: per-layer global scales
-def test_nvfp4_merged_shards_dequantize_to_the_per_layer_weights(engine, layers: int, width: int, shared: bool, data,
-                                                                 seed: int) -> None:
-    load = engine.extras.get("nvfp4_loading")
+@example(layers=5, width=K3_WIDTH, shared=False, data=None, seed=0)  # K3N-012 / K3N-013: per-layer scales
+def test_nvfp4_merged_shards_dequantize_to_the_per_layer_weights(engine, naming: str, layers: int, width: int,
+                                                                 shared: bool, data, seed: int) -> None:
+    key, names = NVFP4[naming]
+    load = engine.extras.get(key)
     if load is None:
-        pytest.skip(f"engine {engine.name} {engine.version} has no NVFP4 merged-layer loader")
+        pytest.skip(f"engine {engine.name} {engine.version} has no {naming} NVFP4 merged-layer loader")
     order = list(range(layers)) if data is None else data.draw(st.permutations(range(layers)), label="order")
-    shards = _nvfp4_shards(layers, width, 64, seed, shared)
+    shards = _nvfp4_shards(layers, width, 64, seed, shared, naming)
     tensors = []
     for layer in order:
-        for name in ("weight_packed", "weight_scale", "weight_global_scale"):
+        for name in names:
             t = shards[layer][name].detach().clone()
             t.shard_id = layer
             tensors.append((name, t))
-        t = torch.ones(1)
-        t.shard_id = layer
-        tensors.append(("input_global_scale", t))
-    detail = f"layers={layers};W={width};shared_global={shared};order={order}"
+        if naming == "compressed-tensors":
+            t = torch.ones(1)
+            t.shard_id = layer
+            tensors.append(("input_global_scale", t))
+    detail = f"{naming};layers={layers};W={width};shared_global={shared};order={order}"
     try:
         got = load(tensors, layers)
     except (ValueError, NotImplementedError) as e:
         _refused(engine, detail, e)
         return
-    # the GEMM multiplies by a float32 per-tensor factor: a one-layer checkpoint's is 1 / its global
-    # scale, computed in float32 (what the scheme keeps), so both sides dequantize with a multiplier
+    # the GEMM multiplies by a float32 per-tensor factor; both sides dequantize with one
     deq = quant.dequantize_nvfp4_modelopt(got["weight"], got["weight_scale"], got["weight_multiplier"])
-    want = torch.cat([quant.dequantize_nvfp4_modelopt(s["weight_packed"], s["weight_scale"],
-                                                      (1.0 / s["weight_global_scale"]).to(torch.float32))
+    want = torch.cat([quant.dequantize_nvfp4_modelopt(s[names[0]], s[names[1]], _one_layer_multiplier(s, naming))
                       for s in shards])
     wrong = (deq != want).any(1).view(layers, width).sum(1).tolist()
     ratio = [round(float((deq[i * width:(i + 1) * width] / want[i * width:(i + 1) * width]).nanmedian()), 4)

@@ -137,7 +137,8 @@ TOPS = {"vllm": {"vllm"}, "sglang": {"sglang", "sgl_kernel"}, "tokenspeed": {"to
 LIFTED_ONLY: dict[str, tuple[str, ...]] = {
     "vllm": ("vllm/v1/worker/gpu/pp_utils.py", "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py",
              "vllm/model_executor/layers/linear.py", "vllm/model_executor/parameter.py",
-             "vllm/model_executor/layers/quantization/compressed_tensors/schemes/compressed_tensors_w4a4_nvfp4.py"),
+             "vllm/model_executor/layers/quantization/compressed_tensors/schemes/compressed_tensors_w4a4_nvfp4.py",
+             "vllm/model_executor/layers/quantization/modelopt.py"),
 }
 
 

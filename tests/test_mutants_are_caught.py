@@ -65,7 +65,8 @@ def test_correct_mirror_passes_every_property(outcomes: dict[str, dict[str, str]
     skipped = [name for name, status in results.items() if status == "skipped"]
     # (and the golden and checkpoint properties, which need --golden DIR / --checkpoint DIR:
     # tests/test_golden_sets.py and tests/test_checkpoint_input.py run them, with their mutants)
-    assert all(name.startswith(("test_k3_", "test_golden_", "test_checkpoint_")) or name.split("[")[0] in GPU_ONLY for name in skipped), \
+    needs_input = ("test_k3_", "test_golden_", "test_checkpoint_")
+    assert all(name.startswith(needs_input) or name.split("[")[0] in GPU_ONLY for name in skipped), \
         f"unexpected skips: {skipped}"
     assert any(status == "passed" for status in results.values())
 

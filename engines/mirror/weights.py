@@ -94,3 +94,20 @@ def load_nvfp4(tensors: list[tuple[str, torch.Tensor]], num_layers: int) -> dict
                          "one global scale cannot dequantize them all")
     g = next(iter(globals_.values()))
     return {"weight": weight, "weight_scale": scale, "weight_multiplier": torch.tensor([1.0 / g]), "warnings": []}
+
+
+def load_nvfp4_modelopt(tensors: list[tuple[str, torch.Tensor]], num_layers: int) -> dict[str, object]:
+    """A merged ModelOpt NVFP4 layer: as load_nvfp4, the shards' weight_scale_2 (a multiplier) must agree."""
+    renamed = []
+    for name, t in tensors:
+        if name == "weight":
+            name = "weight_packed"
+        elif name == "weight_scale_2":
+            c = (1.0 / t).to(torch.float32)
+            c.shard_id = t.shard_id
+            name, t = "weight_global_scale", c
+        renamed.append((name, t))
+    out = load_nvfp4(renamed, num_layers)
+    scale_2 = {float(t.reshape(-1)[0]) for n, t in tensors if n == "weight_scale_2"}
+    out["weight_multiplier"] = torch.tensor([next(iter(scale_2))], dtype=torch.float32)
+    return out

@@ -98,6 +98,10 @@ CONTRACT: dict[str, dict[str, dict[str, list[str] | None]]] = {
         "CompressedTensorsW4A4Fp4.process_weights_after_loading": ["self", "layer"]},
         quant_loading.LINEAR_PY: {"MergedColumnParallelLinear.weight_loader_v2": None},
         quant_loading.PARAMETER_PY: {"PerTensorScaleParameter._load_into_shard_id": None}},
+    "nvfp4_modelopt_loading": {quant_loading.MODELOPT_PY: {
+        "KNvfp4Static.create_weights": ["self", "layer", "role", "ctx", "shapes", "wl"],
+        "KNvfp4Static.process": ["self", "layer", "role"], "QuantKeyScheme.register_params": None},
+        quant_loading.LINEAR_PY: {"MergedColumnParallelLinear.weight_loader_v2": None}},
     "pp_taps": {MODEL_PY: {"KimiLinearModel.forward": None, "KimiLinearModel._set_aux_hidden_state_layers": None},
                 pp_forward.INTERFACES_PY: {f"EagleModelMixin.{m}": None for m in pp_forward.MIXIN_METHODS},
                 pp_forward.EAGLE3_UTILS_PY: {"aux_hidden_state_relay_keys": None},
@@ -181,6 +185,7 @@ def build() -> base.Engine:
     _bind("weight_loading", root, lambda: _bind_weight_loading(root), bound, missing)
     _bind("block_fp8_loading", root, lambda: quant_loading.bind(root), bound, missing)
     _bind("nvfp4_loading", root, lambda: quant_loading.bind_nvfp4(root), bound, missing)
+    _bind("nvfp4_modelopt_loading", root, lambda: quant_loading.bind_nvfp4_modelopt(root), bound, missing)
     subjects = {s: f for s, f in bound.items() if s in base.SUBJECTS}
     if not subjects:
         raise _unavailable("vllm", missing, (base.ATTN_RES, base.AUX_CAPTURE, base.CONTEXT_KV_FUSED))
@@ -190,8 +195,8 @@ def build() -> base.Engine:
         note = "; ".join(filter(None, [note, f"compiled ops are stand-ins: {ops_note}"]))
     m = fetch.verified_manifest("vllm") or fetch.manifest("vllm")
     files = {base.ATTN_RES: ATTN_RES_PY, base.AUX_CAPTURE: MODEL_PY, base.CONTEXT_KV_FUSED: DSPARK_PY}
-    extras: dict[str, Any] = {k: bound[k] for k in ("weight_loading", "pp_taps", "block_fp8_loading", "nvfp4_loading")
-                              if k in bound}
+    extras: dict[str, Any] = {k: bound[k] for k in ("weight_loading", "pp_taps", "block_fp8_loading", "nvfp4_loading",
+                                                    "nvfp4_modelopt_loading") if k in bound}
     if ops is not None and base.CONTEXT_KV_FUSED in bound:
         extras["context_kv_ops"] = _RealContextKVOps(ops)
     if "pp_taps" in bound:

@@ -34,6 +34,7 @@ from engines import source
 PARAMETER_PY = "vllm/model_executor/parameter.py"
 LINEAR_PY = "vllm/model_executor/layers/linear.py"
 CT_NVFP4_PY = "vllm/model_executor/layers/quantization/compressed_tensors/schemes/compressed_tensors_w4a4_nvfp4.py"
+MODELOPT_PY = "vllm/model_executor/layers/quantization/modelopt.py"
 
 
 def _stubs() -> dict[str, types.ModuleType]:
@@ -64,6 +65,56 @@ def bind_nvfp4(root: Path) -> Callable:
     weight_scale, the per-tensor multiplier the GEMM applies to the weight (1 / the global scale the
     scheme keeps), warnings the scheme logged)."""
     return _bind(root)[1]
+
+
+def bind_nvfp4_modelopt(root: Path) -> Callable:
+    """extras["nvfp4_modelopt_loading"]: ModelOpt NVFP4 shards through vLLM's own code: the weight
+    scheme `KNvfp4Static` of modelopt.py (`create_weights` with `QuantKeyScheme.register_params`, and
+    `process`), the merged loader, W4A16 (no activation scheme: the weight's handling is the same).
+    (tensors: weight [W, H/2] uint8, weight_scale [W, H/16] float8_e4m3fn, weight_scale_2 [1] per
+    layer, with .shard_id, in arrival order; num_layers) -> the dict of bind_nvfp4 (the multiplier is
+    the `weight_global_scale` the scheme keeps: ModelOpt's scale_2 is a multiplier already)."""
+    params = source.load_module(root / PARAMETER_PY, "k3num_engine.vllm.parameter", _stubs())
+    path = root / MODELOPT_PY
+    warnings: list[str] = []
+    logger = types.SimpleNamespace(warning_once=lambda msg, *a: warnings.append(msg % a if a else msg))
+    register = source.lift(path, "QuantKeyScheme.register_params", {"torch": torch})
+    shapes_cls = source.lift_class(path, "Shapes", {"dataclass": __import__("dataclasses").dataclass,
+                                                    "torch": torch})
+    weight_role = object()
+    ns = {"torch": torch, "ModelWeightParameter": params.ModelWeightParameter,
+          "PerTensorScaleParameter": params.PerTensorScaleParameter, "WEIGHT": weight_role, "logger": logger,
+          "replace_parameter": _replace_parameter}
+    create = source.lift(path, "KNvfp4Static.create_weights", ns)
+    process = source.lift(path, "KNvfp4Static.process", ns)
+    linear = root / LINEAR_PY
+    lns: dict[str, Any] = {n: getattr(params, n) for n in (
+        "BasevLLMParameter", "RowvLLMParameter", "PerTensorScaleParameter", "BlockQuantScaleParameter")}
+    lns.update(Any=Any, TypeIs=Any, adjust_block_scale_shard=source.lift(linear, "adjust_block_scale_shard", {}))
+    loader = source.lift(linear, "MergedColumnParallelLinear.weight_loader_v2", lns)
+    validate = source.lift(linear, "MergedColumnParallelLinear.validate_shard_id", lns)
+
+    def load(tensors: list[tuple[str, torch.Tensor]], num_layers: int) -> dict[str, Any]:
+        width, half = next(t for name, t in tensors if name == "weight").shape
+        scheme = types.SimpleNamespace(reject=lambda role: None, register_params=register)
+        layer = torch.nn.Module()
+        warnings.clear()
+        with source.stubbed(_stubs()):
+            create(scheme, layer, weight_role, types.SimpleNamespace(group_size=16),
+                   shapes_cls([width] * num_layers, 2 * half, torch.bfloat16), lambda *a: None)
+        owner = types.SimpleNamespace(output_sizes=[width] * num_layers, tp_size=1, tp_rank=0)
+        owner.validate_shard_id = types.MethodType(validate, owner)
+        for name, tensor in tensors:
+            param = getattr(layer, name, None)
+            if param is None:
+                raise ValueError(f"nvfp4_modelopt_loading: no parameter {name!r} in a ModelOpt NVFP4 merged layer")
+            loader(owner, param, tensor, tensor.shard_id)
+        process(scheme, layer, weight_role)
+        return {"weight": layer.weight.data, "weight_scale": layer.weight_scale.data,
+                "weight_multiplier": layer.weight_global_scale.data.reshape(1).to(torch.float32),
+                "warnings": list(warnings)}
+
+    return load
 
 
 def _bind(root: Path) -> tuple[Callable, Callable]:

@@ -141,3 +141,32 @@ def rounded_once_rtol(out_dtype: torch.dtype, eps32: float) -> float:
 
 def _name(dtype: torch.dtype | str) -> str:
     return str(dtype).replace("torch.", "")
+
+
+def mixture(out_ref: torch.Tensor, sources: torch.Tensor, q: torch.Tensor, hidden: int, eps: float,
+            out_dtype: torch.dtype, *, rounding: str = "nearest", logit_dtype: torch.dtype | None = None) -> Budget:
+    """The AttnRes softmax mixture of S sources (float64 [T, S, H]) with the query q = norm * proj
+    ([H]), against its float64 result `out_ref` [T, H]; one output rounding plus:
+
+    - fp32 arithmetic: the logits (a length-H dot and a length-H mean), the softmax and the length-S
+      weighted sum each add <= probabilistic(H, u32) relative error, amplified by the logit magnitude
+      (d alpha / alpha = d logit): 4 * probabilistic * (1 + max|logit|) * max|ref|;
+    - for a subject that rounds its normed rows and scores to `logit_dtype` (u_l): source j's logit
+      error is within dl_j = u_l |l_j| + lambda u_l ||n_j * q||_2 (the dot of the normed row's
+      rounding errors, H independent terms each <= u_l |n_ji q_i|, with high probability as in Higham
+      & Mary); to first order the mixture moves by sum_j a_j e_j (v_j - m) with |e_j| <= dl_j (a_j the
+      softmax weights, m the mixture), so by <= sum_j a_j dl_j |v_j - m| per element.
+    """
+    normed = sources * torch.rsqrt(sources.square().mean(-1, keepdim=True) + eps)
+    logits = normed @ q
+    ref_max = out_ref.abs().max().item()
+    acc = 4 * probabilistic(hidden, U32) * (1 + logits.abs().max().item()) * ref_max
+    rule = "4*lambda*sqrt(H)*u32*(1+max|logit|)"
+    if logit_dtype is not None:
+        u_l = unit_roundoff(logit_dtype)
+        dl = u_l * (logits.abs() + LAMBDA * (normed.square() @ q.square()).sqrt())  # [T, S]
+        alpha = torch.softmax(logits, dim=-1)  # [T, S]
+        spread = (sources - out_ref[:, None, :]).abs()  # |v_j - m|, [T, S, H]
+        acc += ((alpha * dl)[..., None] * spread).sum(1).max().item() if sources.numel() else 0.0
+        rule += f"+sum_j a_j*u({_name(logit_dtype)})*(|l_j|+lambda*||n_j*q||)*|v_j-m|"
+    return theory_rule(ref_max, out_dtype, 1, acc_term=acc, acc_rule=rule, rounding=rounding)

@@ -18,7 +18,9 @@ import torch
 class Metrics:
     """max_abs, rel_fro = ||a - r||_F / ||r||_F, max_ulp (in the subject dtype),
     cosine, nonfinite_mismatch (positions where finiteness or the non-finite
-    value differs), worst: up to 5 multi-indices of the largest errors."""
+    value differs), worst: up to 5 multi-indices of the largest errors; over: the elements whose
+    error exceeds the `over` threshold compare() was given, NaN/Inf disagreements included (0 when
+    none was given), of numel."""
 
     max_abs: float
     rel_fro: float
@@ -27,6 +29,8 @@ class Metrics:
     nonfinite_mismatch: int
     ref_max_abs: float
     worst: tuple[tuple[int, ...], ...]
+    over: int = 0
+    numel: int = 0
 
     def as_dict(self) -> dict[str, object]:
         d = asdict(self)
@@ -42,7 +46,8 @@ def ulp_of(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.exp2(exp) * info.eps  # eps = 2^-(stored mantissa bits)
 
 
-def compare(actual: torch.Tensor, reference: torch.Tensor, *, dtype: torch.dtype | None = None) -> Metrics:
+def compare(actual: torch.Tensor, reference: torch.Tensor, *, dtype: torch.dtype | None = None,
+            over: float | None = None) -> Metrics:
     """Metrics of `actual` (any float dtype) against `reference` (float64), same shape.
 
     Computed on the reference's device (a K3-shape comparison is 10^7 elements: on the GPU it
@@ -68,8 +73,9 @@ def compare(actual: torch.Tensor, reference: torch.Tensor, *, dtype: torch.dtype
         (~both & ~same_nonfinite).sum().to(torch.float64), diff.max(), rz.abs().max(),
         torch.linalg.vector_norm(rz), torch.linalg.vector_norm(diff), torch.linalg.vector_norm(az),
         (az * rz).sum(), ulp,
+        ((diff > over) | (~both & ~same_nonfinite)).sum().to(torch.float64) if over is not None else zero,
     ]).tolist()  # the one host sync
-    mismatch, max_abs, ref_max, rnorm, dnorm, anorm, dot, max_ulp = scalars
+    mismatch, max_abs, ref_max, rnorm, dnorm, anorm, dot, max_ulp, n_over = scalars
     rel_fro = dnorm / rnorm if rnorm > 0 else (0.0 if dnorm == 0 else math.inf)
     cosine = dot / (anorm * rnorm) if anorm > 0 and rnorm > 0 else float(anorm == rnorm)
     worst: tuple[tuple[int, ...], ...] = ()
@@ -77,7 +83,7 @@ def compare(actual: torch.Tensor, reference: torch.Tensor, *, dtype: torch.dtype
         values, indices = top.values.tolist(), top.indices.cpu()
         worst = tuple(tuple(int(i) for i in torch.unravel_index(j, diff.shape))
                       for v, j in zip(values, indices) if v > 0)
-    return Metrics(max_abs, rel_fro, max_ulp, cosine, int(mismatch), ref_max, worst)
+    return Metrics(max_abs, rel_fro, max_ulp, cosine, int(mismatch), ref_max, worst, int(n_over), diff.numel())
 
 
 def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor) -> str:

@@ -52,6 +52,10 @@ class Record:
     # bitwise-distinct results they gave (0, 0 for a single comparison)
     calls: int = 0
     distinct: int = 0
+    # elements over the budget (NaN/Inf disagreements included) and of how many: a failure that
+    # is one element and one that is every element read differently
+    over_budget: int = 0
+    numel: int = 0
     extra: dict[str, object] = field(default_factory=dict)
 
     def row(self) -> dict[str, object]:
@@ -79,7 +83,7 @@ def judge(
     The verdict is `fail` on any NaN/Inf disagreement or max_abs > budget; pass `verdict=INFO`
     for a measurement that is reported but not judged.
     """
-    m = compare(actual, reference)
+    m = compare(actual, reference, over=budget.value)
     if budget.value > 0:
         ratio = m.max_abs / budget.value
     else:
@@ -112,6 +116,8 @@ def judge(
         ratio=ratio,
         verdict=verdict,
         detail=detail,
+        over_budget=m.over,
+        numel=m.numel,
         extra={"actual": actual, "reference": reference} if KEEP_TENSORS else {},
     )
 
@@ -119,8 +125,13 @@ def judge(
 def failure_message(r: Record) -> str:
     return (
         f"{r.property} [{r.engine} {r.engine_version}, {r.mode}] {r.subject} {r.dtype} {r.shape} seed={r.seed}: "
-        f"max_abs {r.max_abs:.3e} > budget {r.budget:.3e} ({r.budget_rule}; baseline err "
+        f"{r.over_budget} of {r.numel} elements over budget ({_fraction(r.over_budget, r.numel)}); "
+        f"max_abs {r.max_abs:.3e} vs budget {r.budget:.3e} ({r.budget_rule}; baseline err "
         f"{r.baseline_err:.3e}); ratio {r.ratio:.2f}; rel_fro {r.rel_fro:.3e}; max_ulp {r.max_ulp:.1f}; "
         f"cosine {r.cosine:.6f}; NaN/Inf mismatches {r.nonfinite_mismatch}; worst at {r.worst or '-'}"
         + (f"; {r.detail}" if r.detail else "")
     )
+
+
+def _fraction(k: int, n: int) -> str:
+    return f"{100.0 * k / n:.3g}%" if n else "-"

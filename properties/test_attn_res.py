@@ -37,14 +37,8 @@ def _call(engine, inp: AttnResInputs, case: AttnResCase) -> torch.Tensor:
 
 def mixture_budget(out_ref: torch.Tensor, sources: torch.Tensor, q: torch.Tensor, hidden: int,
                    rounding: str = "nearest") -> budgets.Budget:
-    """One output rounding, plus fp32 arithmetic: the logits (a length-H dot and a length-H mean),
-    the softmax and the length-S weighted sum each add <= probabilistic(H, u32) relative error,
-    amplified by the logit magnitude (d alpha / alpha = d logit): 4 * probabilistic * (1 + max|logit|)."""
-    logits = (sources @ q) * torch.rsqrt(sources.square().mean(-1) + EPS)
-    ref_max = out_ref.abs().max().item()
-    acc = 4 * budgets.probabilistic(hidden, budgets.U32) * (1 + logits.abs().max().item()) * ref_max
-    return budgets.theory_rule(ref_max, LOW, 1, acc_term=acc, acc_rule="4*lambda*sqrt(H)*u32*(1+max|logit|)",
-                               rounding=rounding)
+    """`oracles.budgets.mixture` for the kernel's fp32 logits at this file's eps and storage dtype."""
+    return budgets.mixture(out_ref, sources, q, hidden, EPS, LOW, rounding=rounding)
 
 
 @given(case=attn_res_cases())

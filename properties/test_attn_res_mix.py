@@ -21,30 +21,12 @@ SUBJECTS = [base.ATTN_RES_MIX, base.ATTN_RES_MIX_TRITON, base.ATTN_RES_MIX_EAGER
 
 def mix_budget(engine, name: str, want: torch.Tensor, sources: torch.Tensor, q: torch.Tensor,
                hidden: int, nvb: int) -> budgets.Budget:
-    """One output rounding + fp32 arithmetic (as for the kernel), plus what a subject that rounds its
-    logits to a low dtype adds. Source j's logit error is within dl_j = u_l |l_j| (the rounded score)
-    + lambda u_l ||n_j * q||_2 (the dot of the normed row's rounding errors, H independent terms each
-    <= u_l |n_ji q_i|, with high probability as in Higham & Mary; lambda as for every probabilistic
-    term). To first order the mixture then moves by sum_j a_j e_j (v_j - m) with |e_j| <= dl_j
-    (a_j the softmax weights, m the mixture), so by <= sum_j a_j dl_j |v_j - m| per element."""
-    rms = torch.rsqrt(sources.square().mean(-1, keepdim=True) + EPS)
-    normed = sources * rms
-    logits = normed @ q
-    ref_max = want.abs().max().item()
-    fp32 = 4 * budgets.probabilistic(hidden, budgets.U32) * (1 + logits.abs().max().item()) * ref_max
+    """`oracles.budgets.mixture` with the logit rounding the subject declares (extras["logit_dtype"]:
+    a dtype, or for a dispatching subject a function of (hidden, nvb) giving the path's)."""
     ldt = engine.extras.get("logit_dtype", {}).get(name)
-    if callable(ldt):  # a dispatching subject: the dtype of the path it takes for this call
+    if callable(ldt):
         ldt = ldt(hidden, nvb)
-    extra, rule = 0.0, ""
-    if ldt is not None:
-        u_l = budgets.unit_roundoff(ldt)
-        dl = u_l * (logits.abs() + budgets.LAMBDA * (normed.square() @ q.square()).sqrt())  # [T, S]
-        alpha = torch.softmax(logits, dim=-1)  # [T, S]
-        spread = (sources - want[:, None, :]).abs()  # |v_j - m|, [T, S, H]
-        extra = ((alpha * dl)[..., None] * spread).sum(1).max().item() if sources.numel() else 0.0
-        rule = f"+sum_j a_j*u({ldt})*(|l_j|+lambda*||n_j*q||)*|v_j-m|".replace("torch.", "")
-    return budgets.theory_rule(ref_max, LOW, 1, acc_term=fp32 + extra,
-                               acc_rule="4*lambda*sqrt(H)*u32*(1+max|logit|)" + rule, rounding=engine.rounding)
+    return budgets.mixture(want, sources, q, hidden, EPS, LOW, rounding=engine.rounding, logit_dtype=ldt)
 
 
 @pytest.mark.parametrize("hidden", [64, 1024])

@@ -60,3 +60,16 @@ def test_the_index_helper_passes_plain_values_and_unwraps_one_element_handles() 
     block.handle.data = np.array([1, 2])
     with pytest.raises(TypeError, match="range\\(\\) over a block of 2 values"):
         triton_support.interpreter_index(block)
+
+
+@pytest.mark.parametrize("name", ["vllm", "vllm-rocm", "sglang"])
+def test_an_engine_without_triton_is_unavailable_with_the_reason_not_an_error(monkeypatch, name: str) -> None:
+    """The root conftest turns EngineUnavailable into a skip carrying this message."""
+    from engines import fetch, registry
+
+    if fetch.missing_files(name.split("-")[0]):
+        pytest.skip(f"{name} is not fetched here")
+    monkeypatch.setitem(sys.modules, "triton", None)
+    monkeypatch.setitem(sys.modules, "triton.language", None)
+    with pytest.raises(EngineUnavailable, match=r"kernels need the triton package.*`test` extra"):
+        registry.build(name)

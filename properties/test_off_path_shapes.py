@@ -46,8 +46,17 @@ def off_path_attn_res_cases(draw: st.DrawFn) -> AttnResCase:
                        scale=1.0, outliers=0.0)
 
 
+def _is_refusal(e: BaseException) -> bool:
+    """A wrapper's own check, not a kernel or device failure: no CUDA/Triton error, a message."""
+    text = f"{type(e).__module__}.{type(e).__name__}: {e}"
+    return bool(str(e)) and not any(k in text for k in ("CUDA", "cuda", "triton", "Triton", "illegal memory"))
+
+
 def _refused(engine, name: str, e: BaseException, detail: str) -> None:
-    """A refusal is a result: it goes into the drift CSV (verdict info) with its message."""
+    """A refusal is a result: it goes into the drift CSV (verdict info) with its message. Anything
+    that is not a clear refusal (a device error, an empty assertion) is re-raised: a failure."""
+    if not _is_refusal(e):
+        raise e
     COLLECTOR.add(Record(
         property="off_path_shape_refused", engine=engine.name, engine_version=engine.version, mode=engine.mode,
         real_ops=engine.real_ops, source_sha256=engine.source_sha256.get(name, ""), subject=name, device=DEVICE,

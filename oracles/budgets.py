@@ -170,3 +170,10 @@ def mixture(out_ref: torch.Tensor, sources: torch.Tensor, q: torch.Tensor, hidde
         acc += ((alpha * dl)[..., None] * spread).sum(1).max().item() if sources.numel() else 0.0
         rule += f"+sum_j a_j*u({_name(logit_dtype)})*(|l_j|+lambda*||n_j*q||)*|v_j-m|"
     return theory_rule(ref_max, out_dtype, 1, acc_term=acc, acc_rule=rule, rounding=rounding)
+
+
+def with_output_norm(budget: Budget, out_dtype: torch.dtype) -> Budget:
+    """`budget` for a mixture followed by the kernel's output RMSNorm: the norm's own rms (1) of the fp32
+    mixture adds one rounding-size relative term, u * budget."""
+    return Budget(budget.value * (1 + unit_roundoff(out_dtype)), budget.rule + f"*(1+u({_name(out_dtype)}))",
+                  budget.baseline_err)

@@ -83,7 +83,7 @@ def check_attn_res_within_rounding_budget(engine, case: AttnResCase, device: str
     budget = mixture_budget(want, sources, q, case.hidden, engine.rounding)
     if case.with_output_norm:
         # the output norm's own rms (1) on the fp32 mixture: one more rounding-size term
-        budget = dataclasses.replace(budget, value=budget.value + budgets.unit_roundoff(LOW) * budget.value)
+        budget = budgets.with_output_norm(budget, LOW)
     report(judge(property=prop, engine=engine, subject=base.ATTN_RES, actual=out,
                  reference=want, budget=budget, seed=case.seed, reduction_len=case.hidden * (case.num_blocks + 1),
                  detail=f"nb={case.num_blocks};write={case.block_write_idx};delta={case.with_delta};"

@@ -13,8 +13,6 @@ the run, naming the file and the tensor.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from hypothesis import given
@@ -156,7 +154,7 @@ def test_checkpoint_attn_res_within_rounding_budget_of_oracle(engine, data, toke
                                                 OUT_EPS)
     sources = torch.cat([new_blocks[:, :nb], new_prefix[:, None]], 1)
     budget = mixture_budget(want, sources, up(norm) * up(qk), h, engine.rounding)
-    budget = dataclasses.replace(budget, value=budget.value * (1 + budgets.unit_roundoff(LOW)))
+    budget = budgets.with_output_norm(budget, LOW)
     report(judge(property="checkpoint_attn_res_within_rounding_budget", engine=engine, subject=base.ATTN_RES,
                  actual=out, reference=want, budget=budget, seed=seed, reduction_len=h * (nb + 1),
                  detail=f"layer={i};nb={nb};checkpoint={c.root.name}"))

@@ -10,7 +10,6 @@ engine whose platform rounds otherwise (the Triton interpreter truncates) skips 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
@@ -61,7 +60,7 @@ def test_golden_attn_res_within_rounding_budget_of_stored_oracle(engine, preset:
     q = up(case.inputs["norm"]) * up(case.inputs["qk"])
     budget = mixture_budget(case.outputs["want"], sources, q, p["hidden"], engine.rounding)
     if p["with_output_norm"]:
-        budget = dataclasses.replace(budget, value=budget.value + budgets.unit_roundoff(LOW) * budget.value)
+        budget = budgets.with_output_norm(budget, LOW)
     report(judge(property="golden_attn_res_within_rounding_budget", engine=engine, subject=base.ATTN_RES, actual=out,
                  reference=want, budget=budget, seed=p["seed"], reduction_len=p["hidden"] * (p["num_blocks"] + 1),
                  detail=f"golden={preset};nb={p['num_blocks']};write={p['block_write_idx']}"), climb=False)

@@ -71,7 +71,7 @@ def check_poisoned_attn_res(engine, case: AttnResCase, prop: str = "poisoned_out
     sources = torch.cat([new_blocks[:, : case.num_blocks], new_prefix[:, None]], 1)
     budget = mixture_budget(want, sources, up(inp.norm) * up(inp.qk), case.hidden, engine.rounding)
     if case.with_output_norm:
-        budget = dataclasses.replace(budget, value=budget.value * (1 + budgets.unit_roundoff(LOW)))
+        budget = budgets.with_output_norm(budget, LOW)
     report(judge(property=prop, engine=engine, subject=base.ATTN_RES, actual=out,
                  reference=want, budget=budget, seed=case.seed, reduction_len=case.hidden * (case.num_blocks + 1),
                  detail=";".join(filter(None, [f"H={case.hidden};T={case.tokens};nb={case.num_blocks};write={write};"

@@ -44,18 +44,23 @@ def _one(lines: list[str], lo: int, hi: int, pattern: str, path: str) -> int:
     return hits[0]
 
 
+def _delta_barrier(lines: list[str], text: str, path: str) -> int:
+    """The line of `if HAS_DELTA:` directly followed by `tl.debug_barrier()` in _attn_res_kernel (the
+    first `if HAS_DELTA:` guards the delta load)."""
+    lo, hi = _lines_of(text, "_attn_res_kernel", path)
+    cands = [j for j in range(lo, hi) if re.match(r"^\s*if HAS_DELTA:\s*$", lines[j])
+             and re.match(r"^\s*tl\.debug_barrier\(\)\s*$", lines[j + 1])]
+    if len(cands) != 1:
+        raise FixError(f"{path}: expected one `if HAS_DELTA:` guarding tl.debug_barrier(), found {len(cands)}")
+    return cands[0]
+
+
 def barrier_under_write_block(text: str, path: str) -> str:
     """K3N-004/005: the existing barrier before the source loads is emitted under HAS_DELTA only;
     emit it under HAS_DELTA or WRITE_BLOCK, so the bank row stored this call is visible to the
     loads of every thread."""
     lines = text.splitlines(keepends=True)
-    lo, hi = _lines_of(text, "_attn_res_kernel", path)
-    # the `if HAS_DELTA:` directly followed by the barrier (the first one guards the delta load)
-    cands = [j for j in range(lo, hi) if re.match(r"^\s*if HAS_DELTA:\s*$", lines[j])
-             and re.match(r"^\s*tl\.debug_barrier\(\)\s*$", lines[j + 1])]
-    if len(cands) != 1:
-        raise FixError(f"{path}: expected one `if HAS_DELTA:` guarding tl.debug_barrier(), found {len(cands)}")
-    i = cands[0]
+    i = _delta_barrier(lines, text, path)
     lines[i] = lines[i].replace("if HAS_DELTA:", "if HAS_DELTA or WRITE_BLOCK:")
     return "".join(lines)
 
@@ -103,12 +108,8 @@ def drop_delta_barrier(text: str, path: str) -> str:
     """Mutant (dropped barrier): the barrier between the in-place prefix store and the source loads
     that reload the prefix is removed. Sequential execution cannot see it; the GPU can."""
     lines = text.splitlines(keepends=True)
-    lo, hi = _lines_of(text, "_attn_res_kernel", path)
-    cands = [j for j in range(lo, hi) if re.match(r"^\s*if HAS_DELTA:\s*$", lines[j])
-             and re.match(r"^\s*tl\.debug_barrier\(\)\s*$", lines[j + 1])]
-    if len(cands) != 1:
-        raise FixError(f"{path}: expected one `if HAS_DELTA:` guarding tl.debug_barrier(), found {len(cands)}")
-    lines[cands[0] + 1] = lines[cands[0] + 1].replace("tl.debug_barrier()", "pass  # k3num mutant: barrier dropped")
+    i = _delta_barrier(lines, text, path) + 1
+    lines[i] = lines[i].replace("tl.debug_barrier()", "pass  # k3num mutant: barrier dropped")
     return "".join(lines)
 
 

@@ -210,26 +210,19 @@ STANDINS = "stand-in: sglang RMSNorm layer (fp32 math, one rounding), Replicated
 
 
 def _load_attn_residual(path: Path, interpret: bool) -> types.ModuleType:
-    triton, _ = triton_support.triton_modules("sglang")  # imported before the stubs go in: it stays in sys.modules
+    triton_support.triton_modules("sglang")  # imported before the stubs go in: it stays in sys.modules
 
     stubs = {name: source.stub(name) for name in ("sglang", "sglang.srt", "sglang.srt.layers")}
     stubs["sglang.srt.layers.layernorm"] = source.stub("sglang.srt.layers.layernorm", RMSNorm=standins.RMSNorm)
     stubs["sglang.srt.layers.linear"] = source.stub("sglang.srt.layers.linear", ReplicatedLinear=standins.Linear)
     stubs["sglang.srt.utils"] = source.stub("sglang.srt.utils", is_cuda=torch.cuda.is_available,
                                             is_hip=lambda: False, is_npu=lambda: False)
-    if not interpret:
-        return source.load_kernel_module(path, "k3num_engine.sglang.attn_residual", stubs, interpret=False)
     # _combine_kernel loops `range(0, NVB + 1)` over a runtime argument: the interpreter needs the
     # declared adaptation (engines.triton_support.RUNTIME_RANGE_ADAPTATION) to run it
-    if not path.exists():
-        raise source.SourceError(f"missing engine source {path} (run `k3num fetch`)")
-    tree, _ = triton_support.index_runtime_ranges(path.read_text(), str(path))
-    mod = types.ModuleType("k3num_engine.sglang.attn_residual")
-    mod.__dict__[triton_support.INDEX_HELPER] = triton_support.interpreter_index
-    code = compile(tree, f"<{path.name} (k3num source-interpreter)>", "exec")
-    with source.stubbed(stubs):
-        exec(code, mod.__dict__)
-    return mod
+    return source.load_kernel_module(
+        path, "k3num_engine.sglang.attn_residual", stubs, interpret=interpret,
+        interpreter_rewrite=lambda text, name: triton_support.index_runtime_ranges(text, name)[0],
+        interpreter_globals={triton_support.INDEX_HELPER: triton_support.interpreter_index})
 
 
 def _mix_subject(fn: Any, *, triton_only: bool = False) -> Any:

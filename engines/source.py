@@ -96,6 +96,42 @@ def lift(path: Path, qualname: str, namespace: dict[str, Any]) -> Any:
     return glb[fn.name]
 
 
+class _SuperCalls(ast.NodeTransformer):
+    """`super().m(args)` -> `<prefix>m(self, args)`: a lifted method has no class to call super() on."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        f = node.func
+        if (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Call) and isinstance(f.value.func, ast.Name)
+                and f.value.func.id == "super"):
+            return ast.Call(func=ast.Name(id=f"{self.prefix}{f.attr}", ctx=ast.Load()),
+                            args=[ast.Name(id="self", ctx=ast.Load()), *node.args], keywords=node.keywords)
+        return node
+
+
+def route_super(fn: ast.FunctionDef, prefix: str = "_super_") -> ast.FunctionDef:
+    """`fn` with its super() calls routed to the globals `<prefix><method>` (which the caller injects)."""
+    out = ast.fix_missing_locations(_SuperCalls(prefix).visit(fn))
+    assert isinstance(out, ast.FunctionDef)
+    return out
+
+
+def lift_method(path: Path, qualname: str, namespace: dict[str, Any]) -> Any:
+    """`Class.method` from `path` like `lift`, with `super().m(...)` calls routed to `_super_m(self, ...)`
+    (the namespace provides those)."""
+    if not path.exists():
+        raise SourceError(f"missing engine source {path} (run `k3num fetch`)")
+    fn = find_def(ast.parse(path.read_text(), filename=str(path)), qualname)
+    fn.decorator_list = []
+    fn = route_super(fn)
+    glb: dict[str, Any] = {"__name__": f"k3num_lifted.{qualname}", "__builtins__": __builtins__, **namespace}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), str(path), "exec"), glb)
+    return glb[fn.name]
+
+
 def signature_of(path: Path, qualname: str) -> list[str]:
     """The parameter names of `qualname`, for checking that the bound signature has not changed."""
     fn = find_def(ast.parse(path.read_text()), qualname)
@@ -142,17 +178,23 @@ def lift_value(path: Path, qualname: str, namespace: dict[str, Any]) -> Any:
 
 
 def load_kernel_module(path: Path, module_name: str, stubs: dict[str, types.ModuleType], *,
-                       interpret: bool) -> types.ModuleType:
+                       interpret: bool, interpreter_rewrite: Any = None,
+                       interpreter_globals: dict[str, Any] | None = None) -> types.ModuleType:
     """A Triton kernel file as a module: from the file on a GPU (Triton's JIT reads the source through
     inspect); under TRITON_INTERPRET=1 exec'd from its text with no source registered, because the
     interpreter's AST rewrite of a file-backed kernel breaks loops bounded by a constexpr sum
-    (BRIEF §4, quirk b). Tracebacks then lose the kernel's lines; the mode is in every CSV row."""
+    (BRIEF §4, quirk b). Tracebacks then lose the kernel's lines; the mode is in every CSV row.
+    `interpreter_rewrite(text, filename) -> ast.Module` and `interpreter_globals` declare an adaptation
+    the interpreter needs (engines.triton_support), applied in interpreter mode only."""
     if not interpret:
         return load_module(path, module_name, stubs)
     if not path.exists():
         raise SourceError(f"missing engine source {path} (run `k3num fetch`)")
     mod = types.ModuleType(module_name)
-    code = compile(path.read_text(), f"<{path.name} (k3num source-interpreter)>", "exec")
+    mod.__dict__.update(interpreter_globals or {})
+    text = path.read_text()
+    code = compile(interpreter_rewrite(text, str(path)) if interpreter_rewrite else text,
+                   f"<{path.name} (k3num source-interpreter)>", "exec")
     with stubbed(stubs):
         exec(code, mod.__dict__)
     return mod

@@ -8,7 +8,6 @@ from engines.vllm_adapter.aux_capture import (  # noqa: F401
     _bind_capture,
     _bind_rocm_capture,
     _mixin_maybe_add_hidden_state,
-    _SuperToMixin,
 )
 from engines.vllm_adapter.common import *  # noqa: F401,F403
 from engines.vllm_adapter.context_kv import (  # noqa: F401

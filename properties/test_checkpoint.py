@@ -25,9 +25,8 @@ from fixtures.tensors import Draw
 from oracles import budgets
 from oracles.records import judge
 from properties.support import DEVICE, LOW, report, subject, up
-from properties.test_attn_res import EPS, OUT_EPS, mixture_budget
+from properties.test_attn_res import EPS, OUT_EPS, attn_res_oracle
 from properties.test_quantized_loading import _refused
-from refmodel import attn_res as ref
 from refmodel import mla, quant
 
 
@@ -147,14 +146,8 @@ def test_checkpoint_attn_res_within_rounding_budget_of_oracle(engine, data, toke
     bank = d.normal((tokens, max(nb, 1), h)).to(LOW).to(DEVICE)
     norm, qk = w.attn_res_norm[i].to(DEVICE), w.attn_res_proj[i].to(DEVICE)
     onorm = w.input_layernorm[i].to(DEVICE)
-    p = prefix if dl is None else (prefix.float() + dl.float()).to(LOW) if engine.storage_rounding is None \
-        else engine.storage_rounding(prefix.float() + dl.float())
+    want, budget = attn_res_oracle(engine, prefix, dl, bank, norm, qk, onorm, nb, -1)
     out = fn(prefix.clone(), dl, bank.clone(), norm, qk, onorm, nb, -1, EPS, OUT_EPS)
-    want, new_prefix, new_blocks = ref.attn_res(up(p), None, up(bank), up(norm), up(qk), up(onorm), nb, -1, EPS,
-                                                OUT_EPS)
-    sources = torch.cat([new_blocks[:, :nb], new_prefix[:, None]], 1)
-    budget = mixture_budget(want, sources, up(norm) * up(qk), h, engine.rounding)
-    budget = budgets.with_output_norm(budget, LOW)
     report(judge(property="checkpoint_attn_res_within_rounding_budget", engine=engine, subject=base.ATTN_RES,
                  actual=out, reference=want, budget=budget, seed=seed, reduction_len=h * (nb + 1),
                  detail=f"layer={i};nb={nb};checkpoint={c.root.name}"))

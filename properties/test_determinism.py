@@ -41,18 +41,13 @@ from oracles import hunt
 from oracles.budgets import Budget
 from oracles.records import judge
 from properties.support import DEVICE, LOW, call, report, subject, up
+from properties.test_attn_res import K3N_004, K3N_005, K3N_007  # the ledger's race reproducers
 
 EPS, OUT_EPS = 1e-5, 1e-6
-# the ledger's race reproducers (oracles/ledger.py)
-K3N_004 = AttnResCase(tokens=1, hidden=32, bank=2, num_blocks=2, block_write_idx=0, with_delta=False,
-                      with_output_norm=False, seed=0, scale=0.01, outliers=30.0)
-K3N_005 = dataclasses.replace(K3N_004, seed=7, scale=1.0)
 Outputs = tuple[tuple[torch.Tensor, ...], tuple[str, ...]]
 # lead 2 (issue 13): the NVIDIA kernel with num_blocks 0 and the output norm at hidden <= 128, where
 # replicated register copies of the prefix feed the norm while the prefix is rewritten in place
-LEAD_2 = AttnResCase(tokens=1, hidden=128, bank=4, num_blocks=0, block_write_idx=-1, with_delta=True,
-                     with_output_norm=True, seed=0, scale=0.01, outliers=30.0)
-K3N_007 = dataclasses.replace(LEAD_2, num_blocks=4)
+LEAD_2 = dataclasses.replace(K3N_007, num_blocks=0)
 
 
 def _attn_res(engine, fn, case: AttnResCase, device: str) -> Callable[[], Outputs]:

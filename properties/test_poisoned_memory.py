@@ -25,8 +25,8 @@ from fixtures.strategies import AttnResCase, attn_res_cases, context_kv_cases, d
 from fixtures.tensors import Draw
 from oracles import budgets, hunt
 from oracles.records import judge
-from properties.support import DEVICE, LOW, assert_bitwise, call, report, round_storage, subject, up
-from properties.test_attn_res import EPS, FLAKY_REPEATS, K3N_007, OUT_EPS, mixture_budget
+from properties.support import DEVICE, LOW, assert_bitwise, call, report, subject, up
+from properties.test_attn_res import EPS, FLAKY_REPEATS, K3N_007, OUT_EPS, attn_res_oracle
 from properties.test_attn_res_mix import mix_budget
 from properties.test_context_kv import _oracle as context_kv_oracle
 from properties.test_draft_kv import check_draft_kv_within_rounding_budget
@@ -59,19 +59,13 @@ def check_poisoned_attn_res(engine, case: AttnResCase, prop: str = "poisoned_out
     g = {"prefix": hunt.guarded(inp.prefix), "bank": hunt.guarded(blocks)}
     if inp.delta is not None:
         g["delta"] = hunt.guarded(inp.delta)
-    p = inp.prefix if inp.delta is None else round_storage(engine, inp.prefix.float() + inp.delta.float())
+    clean = blocks.clone()
+    clean[:, idle] = 0.0  # never read by the oracle either
+    want, budget = attn_res_oracle(engine, inp.prefix, inp.delta, clean, inp.norm, inp.qk, inp.out_norm,
+                                   case.num_blocks, write)
     with hunt.poisoned_allocations():
         out = fn(g["prefix"].view, g["delta"].view if inp.delta is not None else None, g["bank"].view, inp.norm,
                  inp.qk, inp.out_norm, case.num_blocks, write, EPS, OUT_EPS)
-    clean = blocks.clone()
-    clean[:, idle] = 0.0  # never read by the oracle either
-    want, new_prefix, new_blocks = ref.attn_res(up(p), None, up(clean), up(inp.norm), up(inp.qk),
-                                                None if inp.out_norm is None else up(inp.out_norm),
-                                                case.num_blocks, write, EPS, OUT_EPS)
-    sources = torch.cat([new_blocks[:, : case.num_blocks], new_prefix[:, None]], 1)
-    budget = mixture_budget(want, sources, up(inp.norm) * up(inp.qk), case.hidden, engine.rounding)
-    if case.with_output_norm:
-        budget = budgets.with_output_norm(budget, LOW)
     report(judge(property=prop, engine=engine, subject=base.ATTN_RES, actual=out,
                  reference=want, budget=budget, seed=case.seed, reduction_len=case.hidden * (case.num_blocks + 1),
                  detail=";".join(filter(None, [f"H={case.hidden};T={case.tokens};nb={case.num_blocks};write={write};"

@@ -53,19 +53,6 @@ def _bind_capture(path: Path, namespace: dict[str, Any]) -> Any:
     return capture
 
 
-class _SuperToMixin(ast.NodeTransformer):
-    """`super().m(args)` -> `_mixin_m(self, args)`: the lifted method has no class to call super() on."""
-
-    def visit_Call(self, node: ast.Call) -> ast.AST:
-        self.generic_visit(node)
-        f = node.func
-        if (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Call) and isinstance(f.value.func, ast.Name)
-                and f.value.func.id == "super"):
-            return ast.Call(func=ast.Name(id=f"_mixin_{f.attr}", ctx=ast.Load()),
-                            args=[ast.Name(id="self", ctx=ast.Load()), *node.args], keywords=node.keywords)
-        return node
-
-
 def _mixin_maybe_add_hidden_state(self: Any, aux: list, layer_idx: int, hidden_states: torch.Tensor,
                                   residual: torch.Tensor | None) -> list:
     if layer_idx in self.aux_hidden_state_layers:
@@ -83,7 +70,7 @@ def _bind_rocm_capture(path: Path, module: types.ModuleType | None = None) -> An
         raise source.SourceError("amd/linear.py: no class defines _maybe_add_hidden_state")
     fn = next(b for b in classes[0].body if isinstance(b, ast.FunctionDef) and b.name == "_maybe_add_hidden_state")
     fn.decorator_list = []
-    fn = ast.fix_missing_locations(_SuperToMixin().visit(fn))
+    fn = source.route_super(fn)
     mixin: Any = _mixin_maybe_add_hidden_state
     if module is not None:
         cls = getattr(module, classes[0].name)
@@ -92,7 +79,7 @@ def _bind_rocm_capture(path: Path, module: types.ModuleType | None = None) -> An
         if mixin is None:
             raise source.SourceError(f"{classes[0].name}: no base class defines _maybe_add_hidden_state")
     glb: dict[str, Any] = {**(vars(module) if module is not None else {"torch": torch}),
-                           "_mixin__maybe_add_hidden_state": mixin, "__builtins__": __builtins__}
+                           "_super__maybe_add_hidden_state": mixin, "__builtins__": __builtins__}
     exec(compile(ast.Module(body=[fn], type_ignores=[]), str(path), "exec"), glb)
     lifted = glb["_maybe_add_hidden_state"]
 

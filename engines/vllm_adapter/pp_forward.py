@@ -23,7 +23,6 @@ plumbing is right. The ROCm layer is the same function under the ROCm loop's sta
 
 from __future__ import annotations
 
-import ast
 import types
 import typing
 from bisect import bisect_right
@@ -60,32 +59,6 @@ class IntermediateTensors:
 
     def __setitem__(self, key: str, value: torch.Tensor) -> None:
         self.tensors[key] = value
-
-
-class _SuperTo(ast.NodeTransformer):
-    """`super().m(args)` -> `_super_m(self, args)` (a lifted method has no class for super())."""
-
-    def visit_Call(self, node: ast.Call) -> ast.AST:
-        self.generic_visit(node)
-        f = node.func
-        if (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Call) and isinstance(f.value.func, ast.Name)
-                and f.value.func.id == "super"):
-            return ast.Call(func=ast.Name(id=f"_super_{f.attr}", ctx=ast.Load()),
-                            args=[ast.Name(id="self", ctx=ast.Load()), *node.args], keywords=node.keywords)
-        return node
-
-
-def lift_method(path: Path, qualname: str, namespace: dict[str, Any]) -> Callable:
-    """`Class.method` from `path`, decorators dropped, super() calls routed to `_super_<name>`."""
-    if not path.exists():
-        raise source.SourceError(f"missing engine source {path} (run `k3num fetch`)")
-    tree = ast.parse(path.read_text(), filename=str(path))
-    fn = source.find_def(tree, qualname)
-    fn.decorator_list = []
-    fn = ast.fix_missing_locations(_SuperTo().visit(fn))
-    glb: dict[str, Any] = {"__name__": f"k3num_lifted.{qualname}", "__builtins__": __builtins__, **namespace}
-    exec(compile(ast.Module(body=[fn], type_ignores=[]), str(path), "exec"), glb)
-    return glb[fn.name]
 
 
 class _Group:
@@ -145,9 +118,9 @@ def bind(root: Path, attn_res: Callable, platform: str, mutate: dict[str, Callab
     if platform == "nvidia":
         path = root / MODEL_PY
         over_pp = _class_value(path, "KimiLinearModel", "supports_aux_hidden_states_over_pp", default_over_pp)
-        forward = lift_method(path, "KimiLinearModel.forward", common)
-        capture = lift_method(path, "KimiLinearModel._capture_aux_hidden_stream", common)
-        set_layers = lift_method(path, "KimiLinearModel._set_aux_hidden_state_layers", {
+        forward = source.lift_method(path, "KimiLinearModel.forward", common)
+        capture = source.lift_method(path, "KimiLinearModel._capture_aux_hidden_stream", common)
+        set_layers = source.lift_method(path, "KimiLinearModel._set_aux_hidden_state_layers", {
             **common, "logger": types.SimpleNamespace(info=lambda *a, **k: None, info_once=lambda *a, **k: None),
             "_super__set_aux_hidden_state_layers": mixin["_set_aux_hidden_state_layers"]})
         add_hidden = mixin["_maybe_add_hidden_state"]
@@ -158,10 +131,10 @@ def bind(root: Path, attn_res: Callable, platform: str, mutate: dict[str, Callab
         common["_apply_attn_res"] = source.lift(path, "_apply_attn_res", {
             **common, "cast": typing.cast, "kFp8DynamicTokenSym": types.SimpleNamespace(dtype=None),
             **{n: Any for n in ("ReplicatedLinear", "RMSNorm", "QuantKey", "QuantizedActivation")}})
-        forward = lift_method(path, "KimiLinearModel.forward", common)
+        forward = source.lift_method(path, "KimiLinearModel.forward", common)
         capture = None
         set_layers = mixin["_set_aux_hidden_state_layers"]
-        add_hidden = lift_method(path, "KimiLinearModel._maybe_add_hidden_state", {
+        add_hidden = source.lift_method(path, "KimiLinearModel._maybe_add_hidden_state", {
             **common, "_super__maybe_add_hidden_state": mixin["_maybe_add_hidden_state"]})
     else:
         raise ValueError(f"platform: expected 'nvidia' or 'rocm', got {platform!r}")

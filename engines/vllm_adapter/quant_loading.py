@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +50,62 @@ def _stubs() -> dict[str, types.ModuleType]:
     }
 
 
+@dataclass(frozen=True)
+class _Merged:
+    """vLLM's parameter classes (parameter.py, loaded once) and its merged-layer loader (lifted)."""
+
+    params: types.ModuleType
+    loader: Callable
+    validate: Callable
+
+    def load(self, params_by_name: dict[str, Any], tensors: list[tuple[str, torch.Tensor]], widths: list[int],
+             what: str, **layer_attrs: Any) -> None:
+        """Each (name, tensor) into its parameter through `weight_loader_v2`, by its `.shard_id`."""
+        owner = types.SimpleNamespace(output_sizes=widths, tp_size=1, tp_rank=0, **layer_attrs)
+        owner.validate_shard_id = types.MethodType(self.validate, owner)
+        for name, tensor in tensors:
+            param = params_by_name.get(name)
+            if param is None:
+                raise ValueError(f"{what}: no parameter {name!r} in the merged layer")
+            self.loader(owner, param, tensor, tensor.shard_id)
+
+
+def _merged(root: Path) -> _Merged:
+    params = source.load_module(root / PARAMETER_PY, "k3num_engine.vllm.parameter", _stubs())
+    linear = root / LINEAR_PY
+    ns: dict[str, Any] = {n: getattr(params, n) for n in (
+        "BasevLLMParameter", "RowvLLMParameter", "PerTensorScaleParameter", "BlockQuantScaleParameter")}
+    ns.update(Any=Any, TypeIs=Any, adjust_block_scale_shard=source.lift(linear, "adjust_block_scale_shard", {}))
+    return _Merged(params, source.lift(linear, "MergedColumnParallelLinear.weight_loader_v2", ns),
+                   source.lift(linear, "MergedColumnParallelLinear.validate_shard_id", ns))
+
+
+def _warnings_logger(into: list[str]) -> Any:
+    def log(msg: str, *a: Any) -> None:
+        into.append(msg % a if a else msg)
+    return types.SimpleNamespace(warning_once=log, warning=log)
+
+
 def bind(root: Path) -> Callable:
     """The block-FP8 loader (extras["block_fp8_loading"])."""
-    return _bind(root)[0]
+    m = _merged(root)
+
+    def load(tensors: list[tuple[str, torch.Tensor]], num_layers: int, block: tuple[int, int]
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        width, hidden = next(t for name, t in tensors if name == "weight").shape
+        bn, bk = block
+        with source.stubbed(_stubs()):
+            weight = m.params.ModelWeightParameter(
+                data=torch.empty(num_layers * width, hidden, dtype=torch.float8_e4m3fn), input_dim=1, output_dim=0,
+                weight_loader=lambda *a: None)
+            scale = m.params.BlockQuantScaleParameter(
+                data=torch.full((-(-num_layers * width // bn), -(-hidden // bk)), float("nan"), dtype=torch.float32),
+                input_dim=1, output_dim=0, weight_loader=lambda *a: None)
+        m.load({"weight": weight, "weight_scale_inv": scale}, tensors, [width] * num_layers, "block_fp8_loading",
+               weight_block_size=[bn, bk])
+        return weight.data, scale.data
+
+    return load
 
 
 def bind_nvfp4(root: Path) -> Callable:
@@ -64,7 +118,29 @@ def bind_nvfp4(root: Path) -> Callable:
     weight_global_scale [1], input_global_scale [1], per layer; num_layers) -> (weight [L*W, H/2],
     weight_scale, the per-tensor multiplier the GEMM applies to the weight (1 / the global scale the
     scheme keeps), warnings the scheme logged)."""
-    return _bind(root)[1]
+    m = _merged(root)
+    warnings: list[str] = []
+    ns = {"torch": torch, "ModelWeightParameter": m.params.ModelWeightParameter,
+          "PerTensorScaleParameter": m.params.PerTensorScaleParameter,
+          "GroupQuantScaleParameter": m.params.GroupQuantScaleParameter, "Callable": Callable,
+          "expose_input_quant_key": lambda layer, kernel: None, "logger": _warnings_logger(warnings),
+          "replace_parameter": _replace_parameter}
+    create = source.lift(root / CT_NVFP4_PY, "CompressedTensorsW4A4Fp4.create_weights", ns)
+    process = source.lift(root / CT_NVFP4_PY, "CompressedTensorsW4A4Fp4.process_weights_after_loading", ns)
+
+    def load(tensors: list[tuple[str, torch.Tensor]], num_layers: int) -> dict[str, Any]:
+        width, half = next(t for name, t in tensors if name == "weight_packed").shape
+        scheme = types.SimpleNamespace(use_a16=False, group_size=16,
+                                       kernel=types.SimpleNamespace(process_weights_after_loading=lambda layer: None))
+        layer = torch.nn.Module()
+        warnings.clear()
+        with source.stubbed(_stubs()):
+            create(scheme, layer, [width] * num_layers, 2 * half, torch.bfloat16, lambda *a: None)
+        m.load(dict(layer.named_parameters()), tensors, [width] * num_layers, "nvfp4_loading")
+        process(scheme, layer)
+        return _processed(layer, warnings)
+
+    return load
 
 
 def bind_nvfp4_modelopt(root: Path) -> Callable:
@@ -74,25 +150,17 @@ def bind_nvfp4_modelopt(root: Path) -> Callable:
     (tensors: weight [W, H/2] uint8, weight_scale [W, H/16] float8_e4m3fn, weight_scale_2 [1] per
     layer, with .shard_id, in arrival order; num_layers) -> the dict of bind_nvfp4 (the multiplier is
     the `weight_global_scale` the scheme keeps: ModelOpt's scale_2 is a multiplier already)."""
-    params = source.load_module(root / PARAMETER_PY, "k3num_engine.vllm.parameter", _stubs())
+    m = _merged(root)
     path = root / MODELOPT_PY
     warnings: list[str] = []
-    logger = types.SimpleNamespace(warning_once=lambda msg, *a: warnings.append(msg % a if a else msg))
     register = source.lift(path, "QuantKeyScheme.register_params", {"torch": torch})
-    shapes_cls = source.lift_class(path, "Shapes", {"dataclass": __import__("dataclasses").dataclass,
-                                                    "torch": torch})
+    shapes_cls = source.lift_class(path, "Shapes", {"dataclass": dataclass, "torch": torch})
     weight_role = object()
-    ns = {"torch": torch, "ModelWeightParameter": params.ModelWeightParameter,
-          "PerTensorScaleParameter": params.PerTensorScaleParameter, "WEIGHT": weight_role, "logger": logger,
-          "replace_parameter": _replace_parameter}
+    ns = {"torch": torch, "ModelWeightParameter": m.params.ModelWeightParameter,
+          "PerTensorScaleParameter": m.params.PerTensorScaleParameter, "WEIGHT": weight_role,
+          "logger": _warnings_logger(warnings), "replace_parameter": _replace_parameter}
     create = source.lift(path, "KNvfp4Static.create_weights", ns)
     process = source.lift(path, "KNvfp4Static.process", ns)
-    linear = root / LINEAR_PY
-    lns: dict[str, Any] = {n: getattr(params, n) for n in (
-        "BasevLLMParameter", "RowvLLMParameter", "PerTensorScaleParameter", "BlockQuantScaleParameter")}
-    lns.update(Any=Any, TypeIs=Any, adjust_block_scale_shard=source.lift(linear, "adjust_block_scale_shard", {}))
-    loader = source.lift(linear, "MergedColumnParallelLinear.weight_loader_v2", lns)
-    validate = source.lift(linear, "MergedColumnParallelLinear.validate_shard_id", lns)
 
     def load(tensors: list[tuple[str, torch.Tensor]], num_layers: int) -> dict[str, Any]:
         width, half = next(t for name, t in tensors if name == "weight").shape
@@ -102,88 +170,18 @@ def bind_nvfp4_modelopt(root: Path) -> Callable:
         with source.stubbed(_stubs()):
             create(scheme, layer, weight_role, types.SimpleNamespace(group_size=16),
                    shapes_cls([width] * num_layers, 2 * half, torch.bfloat16), lambda *a: None)
-        owner = types.SimpleNamespace(output_sizes=[width] * num_layers, tp_size=1, tp_rank=0)
-        owner.validate_shard_id = types.MethodType(validate, owner)
-        for name, tensor in tensors:
-            param = getattr(layer, name, None)
-            if param is None:
-                raise ValueError(f"nvfp4_modelopt_loading: no parameter {name!r} in a ModelOpt NVFP4 merged layer")
-            loader(owner, param, tensor, tensor.shard_id)
+        m.load(dict(layer.named_parameters()), tensors, [width] * num_layers, "nvfp4_modelopt_loading")
         process(scheme, layer, weight_role)
-        return {"weight": layer.weight.data, "weight_scale": layer.weight_scale.data,
-                "weight_multiplier": layer.weight_global_scale.data.reshape(1).to(torch.float32),
-                "warnings": list(warnings)}
+        return _processed(layer, warnings)
 
     return load
 
 
-def _bind(root: Path) -> tuple[Callable, Callable]:
-    params = source.load_module(root / PARAMETER_PY, "k3num_engine.vllm.parameter", _stubs())
-    linear = root / LINEAR_PY
-    ns: dict[str, Any] = {n: getattr(params, n) for n in (
-        "BasevLLMParameter", "RowvLLMParameter", "PerTensorScaleParameter", "BlockQuantScaleParameter")}
-    ns["Any"] = Any
-    ns["TypeIs"] = Any
-    adjust = source.lift(linear, "adjust_block_scale_shard", {})
-    ns["adjust_block_scale_shard"] = adjust
-    loader = source.lift(linear, "MergedColumnParallelLinear.weight_loader_v2", ns)
-    validate = source.lift(linear, "MergedColumnParallelLinear.validate_shard_id", ns)
-
-    def load(tensors: list[tuple[str, torch.Tensor]], num_layers: int, block: tuple[int, int]
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-        width, hidden = next(t for name, t in tensors if name == "weight").shape
-        n = num_layers
-        bn, bk = block
-        with source.stubbed(_stubs()):
-            weight = params.ModelWeightParameter(
-                data=torch.empty(n * width, hidden, dtype=torch.float8_e4m3fn), input_dim=1, output_dim=0,
-                weight_loader=lambda *a: None)
-            scale = params.BlockQuantScaleParameter(
-                data=torch.full((-(-n * width // bn), -(-hidden // bk)), float("nan"), dtype=torch.float32),
-                input_dim=1, output_dim=0, weight_loader=lambda *a: None)
-        layer = types.SimpleNamespace(output_sizes=[width] * n, tp_size=1, tp_rank=0, weight_block_size=[bn, bk])
-        layer.validate_shard_id = types.MethodType(validate, layer)
-        targets = {"weight": weight, "weight_scale_inv": scale}
-        for name, tensor in tensors:
-            if name not in targets:
-                raise ValueError(f"block_fp8_loading: no parameter {name!r} in a block-FP8 merged layer")
-            loader(layer, targets[name], tensor, tensor.shard_id)
-        return weight.data, scale.data
-
-    warnings: list[str] = []
-    scheme_ns = {
-        "torch": torch, "ModelWeightParameter": params.ModelWeightParameter,
-        "PerTensorScaleParameter": params.PerTensorScaleParameter,
-        "GroupQuantScaleParameter": params.GroupQuantScaleParameter, "Callable": Callable,
-        "expose_input_quant_key": lambda layer, kernel: None,
-        "logger": types.SimpleNamespace(warning_once=lambda msg, *a: warnings.append(msg % a if a else msg),
-                                        warning=lambda msg, *a: warnings.append(msg % a if a else msg)),
-        "replace_parameter": _replace_parameter,
-    }
-    create = source.lift(root / CT_NVFP4_PY, "CompressedTensorsW4A4Fp4.create_weights", scheme_ns)
-    process = source.lift(root / CT_NVFP4_PY, "CompressedTensorsW4A4Fp4.process_weights_after_loading", scheme_ns)
-
-    def load_nvfp4(tensors: list[tuple[str, torch.Tensor]], num_layers: int) -> dict[str, Any]:
-        width, half = next(t for name, t in tensors if name == "weight_packed").shape
-        scheme = types.SimpleNamespace(use_a16=False, group_size=16,
-                                       kernel=types.SimpleNamespace(process_weights_after_loading=lambda layer: None))
-        layer = torch.nn.Module()
-        warnings.clear()
-        with source.stubbed(_stubs()):
-            create(scheme, layer, [width] * num_layers, 2 * half, torch.bfloat16, lambda *a: None)
-        owner = types.SimpleNamespace(output_sizes=[width] * num_layers, tp_size=1, tp_rank=0)
-        owner.validate_shard_id = types.MethodType(validate, owner)
-        for name, tensor in tensors:
-            param = getattr(layer, name, None)
-            if param is None:
-                raise ValueError(f"nvfp4_loading: no parameter {name!r} in a compressed-tensors NVFP4 merged layer")
-            loader(owner, param, tensor, tensor.shard_id)
-        process(scheme, layer)
-        return {"weight": layer.weight.data, "weight_scale": layer.weight_scale.data,
-                "weight_multiplier": layer.weight_global_scale.data.reshape(1).to(torch.float32),
-                "warnings": list(warnings)}
-
-    return load, load_nvfp4
+def _processed(layer: torch.nn.Module, warnings: list[str]) -> dict[str, Any]:
+    """An NVFP4 merged layer after its scheme's processing, as the GEMM reads it."""
+    return {"weight": layer.weight.data, "weight_scale": layer.weight_scale.data,
+            "weight_multiplier": layer.weight_global_scale.data.reshape(1).to(torch.float32),
+            "warnings": list(warnings)}
 
 
 def _replace_parameter(layer: torch.nn.Module, name: str, value: torch.Tensor) -> None:

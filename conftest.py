@@ -14,6 +14,18 @@ All have deadline=None: oracle and kernel timings vary too much for deadlines.
 from __future__ import annotations
 
 import os
+import sys
+
+from engines import scaleout
+
+# pytest-xdist: each worker sees one GPU, chosen before CUDA starts in this process (the controller
+# exported the GPUs it may use; see engines/scaleout.py)
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER and os.environ.get(scaleout.GPUS_ENV):
+    if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
+        raise RuntimeError(f"xdist worker {_WORKER}: CUDA was initialised before the root conftest could choose "
+                           "its GPU (a plugin imported torch and touched CUDA); run without -n or drop that plugin")
+    os.environ["CUDA_VISIBLE_DEVICES"] = scaleout.gpu_for_worker(_WORKER, os.environ[scaleout.GPUS_ENV].split(","))
 
 import pytest
 import torch
@@ -21,9 +33,12 @@ from hypothesis import HealthCheck, Phase, settings
 
 from engines import registry
 from oracles import ledger
-from oracles.drift import COLLECTOR, SM100_NOTE, covers_vllm_attn_res
+from oracles.drift import COLLECTOR, SM100_NOTE, covers_vllm_attn_res, summarize
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+if not _WORKER and torch.cuda.is_available():
+    os.environ[scaleout.GPUS_ENV] = ",".join(
+        scaleout.visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count()))
 if not torch.cuda.is_available():
     # Triton kernels of the real engines run under the interpreter here; it must be chosen
     # before triton is first imported (see engines.vllm_engine.require_interpreter)
@@ -127,6 +142,10 @@ def pytest_configure(config: pytest.Config) -> None:
         installed.requested()
     except ValueError as e:
         raise pytest.UsageError(str(e)) from e
+    csv = config.getoption("--drift-csv")
+    if csv and _is_controller(config):  # partial files of an earlier run must not join this one
+        for p in scaleout.partial_paths(csv):
+            p.unlink()
     repro_dir = config.getoption("--repro-dir")
     if repro_dir is not None:
         os.environ["K3NUM_REPRO_DIR"] = repro_dir
@@ -198,10 +217,33 @@ def _ledger_context(request: pytest.FixtureRequest):
     COLLECTOR.ledger = ""
 
 
+def _is_controller(config: pytest.Config) -> bool:
+    """Whether this process hands the tests to pytest-xdist workers (and runs none itself)."""
+    return not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no"
+
+
+def _csv_target(config: pytest.Config) -> str | None:
+    """Where this process writes its records: the --drift-csv path, or a worker's partial file beside it."""
+    path = config.getoption("--drift-csv")
+    if path and _WORKER:
+        return str(scaleout.partial_path(path, _WORKER))
+    return path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """`-n auto`: one worker per visible GPU (times K3NUM_WORKERS_PER_GPU); xdist's default on a CPU machine."""
+    gpus = os.environ.get(scaleout.GPUS_ENV, "")
+    try:
+        return scaleout.auto_workers(len([g for g in gpus.split(",") if g]), os.environ.get(scaleout.PER_GPU_ENV))
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from e
+
+
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     """Rewrite the drift CSV after every test that added records, so a run cut short (a job's time
     limit, SIGINT) keeps what it measured; the session end writes it once more."""
-    path = item.config.getoption("--drift-csv")
+    path = _csv_target(item.config)
     written = getattr(item.config, "_k3num_written", 0)
     if path and len(COLLECTOR.records) != written:
         COLLECTOR.write_csv(path)
@@ -209,20 +251,62 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    path = session.config.getoption("--drift-csv")
-    if path:
-        written = COLLECTOR.write_csv(path)
-        session.config._k3num_csv = (written, len(COLLECTOR.records))  # type: ignore[attr-defined]
+    config = session.config
+    if hasattr(config, "workerinput"):  # an xdist worker: its records stay in its partial file
+        if _csv_target(config):
+            COLLECTOR.write_csv(_csv_target(config))
+        config.workeroutput["k3num_bound"] = _bound_lines()  # type: ignore[attr-defined]
+        config.workeroutput["k3num_gpu"] = os.environ.get("CUDA_VISIBLE_DEVICES", "")  # type: ignore[attr-defined]
+        return
+    path = config.getoption("--drift-csv")
+    if not path:
+        return
+    if _is_controller(config):  # merge every worker's partial file into the one CSV, then drop them
+        import pandas as pd
+
+        from oracles.drift import COLUMNS, read_csv
+
+        parts = scaleout.partial_paths(path)
+        frames = [read_csv(p) for p in parts]
+        frames = [f for f in frames if not f.empty]
+        df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+        written = COLLECTOR.write_frame(df[COLUMNS], path)
+        for p in parts:
+            p.unlink()
+        config._k3num_frame = df  # type: ignore[attr-defined]
+        config._k3num_csv = (written, len(df))  # type: ignore[attr-defined]
+        return
+    written = COLLECTOR.write_csv(path)
+    config._k3num_csv = (written, len(COLLECTOR.records))  # type: ignore[attr-defined]
+
+
+def pytest_testnodedown(node, error) -> None:
+    """xdist controller: keep each worker's account of how it bound the engines (for the summary)."""
+    lines = getattr(node, "workeroutput", {}).get("k3num_bound", [])
+    bound = node.config.__dict__.setdefault("_k3num_bound", [])
+    bound.extend(x for x in lines if x not in bound)
+    gpu = getattr(node, "workeroutput", {}).get("k3num_gpu")
+    node.config.__dict__.setdefault("_k3num_gpus", {})[node.gateway.id] = gpu if gpu else "-"
+
+
+def _bound_lines() -> list[str]:
+    return [f"{e.name} {e.version}: {e.mode}" + (f" ({e.mode_note})" if e.mode_note else "")
+            for e in registry.built() if e.name != "mirror"]
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     tr = terminalreporter
-    built = [e for e in registry.built() if e.name != "mirror"]
-    if built:
+    bound = getattr(config, "_k3num_bound", None) if _is_controller(config) else _bound_lines()
+    if bound:
         tr.section("k3-numerics engines: how each was bound")
-        for e in built:
-            tr.write_line(f"{e.name} {e.version}: {e.mode}" + (f" ({e.mode_note})" if e.mode_note else ""))
-    summary = COLLECTOR.summary()
+        for line in sorted(bound):
+            tr.write_line(line)
+    gpus = getattr(config, "_k3num_gpus", None)
+    if gpus and any(g != "-" for g in gpus.values()):
+        tr.write_line("xdist workers on GPUs: " + ", ".join(f"{w} -> GPU {gpus[w]}" for w in sorted(
+            gpus, key=scaleout.worker_index)))
+    frame = getattr(config, "_k3num_frame", None)
+    summary = summarize(frame) if frame is not None else COLLECTOR.summary()
     if summary.empty:
         return
     tr.section("k3-numerics drift: worst err/budget ratio per engine and subject")

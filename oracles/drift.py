@@ -20,6 +20,15 @@ import pandas as pd
 from oracles.records import FAIL, Record
 
 COLUMNS = [f.name for f in fields(Record) if f.name != "extra"]
+# the text columns (an empty one reads back as "", not as a float NaN)
+TEXT_COLUMNS = [f.name for f in fields(Record) if f.name != "extra" and f.type in ("str", str)]
+
+
+def read_csv(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """A drift CSV read back with its text columns as text ("" where empty) and the numbers as numbers."""
+    df = pd.read_csv(path, dtype={c: str for c in TEXT_COLUMNS}, keep_default_na=False,
+                     na_values={c: ["", "nan", "NaN"] for c in COLUMNS if c not in TEXT_COLUMNS})
+    return df
 
 
 class DriftCollector:
@@ -37,12 +46,17 @@ class DriftCollector:
         return pd.DataFrame([r.row() for r in self.records], columns=COLUMNS)
 
     def write_csv(self, path: str | os.PathLike[str]) -> Path:
+        return self.write_frame(self.frame(), path)
+
+    @staticmethod
+    def write_frame(df: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
+        """Write df to path atomically (a temporary file beside it, then os.replace), readable by all."""
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         try:
             with os.fdopen(fd, "w", newline="") as fh:
-                self.frame().to_csv(fh, index=False)
+                df.to_csv(fh, index=False)
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the report from CI artifact readers

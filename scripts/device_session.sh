@@ -8,7 +8,16 @@
 #     K3NUM_ENGINE_CACHE=$PWD/engine-cache k3num fetch
 #   and carry engine-cache/ without its wheels/ folder (about 0.5 MB).
 # Usage: scripts/device_session.sh OUT [PARTS]
-#   PARTS: comma-separated, any of ops,bench,race,k3,small,hunt,sanitize (default: bench,race,k3,small).
+#   PARTS: comma-separated, any of ops,bench,race,k3,small,hunt,sanitize,golden,k3det,scale
+#   (default: bench,race,k3,small).
+#   `golden` times the golden-set judge against the live float64 oracle at K3 shapes (bench/golden_speed.py).
+#   `k3det` runs the K3-shape determinism property (152 calls per example) under K3NUM_K3DET_PROFILE
+#   (default nightly-1k) on vllm and vllm-rocm, spread by xdist (K3NUM_K3DET_WORKERS, default 4).
+#   `scale` runs the K3-shape properties (K3NUM_K3_PROFILE) once per worker count in K3NUM_SCALE_WORKERS
+#   (default "1 4 8", gpu_nightly.sh's K3NUM_WORKERS) and, where K3NUM_SCALE_BASELINE names a script,
+#   once with that script first (an older gpu_nightly.sh, for a side-by-side time, with the jobs in
+#   K3NUM_SCALE_BASELINE_JOBS); K3NUM_SCALE_K, a pytest -k expression, narrows the xdist runs (write the
+#   same into the baseline's ENGINE@KEXPR jobs); OUT/scale.md is the table.
 #   `hunt` runs the determinism, poisoned-memory and off-path-shape properties on cuda for the real engines
 #   (K3NUM_HUNT_PROFILE, default ci: 152 calls per determinism case), the flaky-race reproducer with K3N-007's
 #   mechanism check and lead 2's variants, and scripts/prove_fixes.py (each ledger fix on a patched copy).
@@ -22,10 +31,10 @@
 #   so a 10-minute slot should take k3 alone)
 # Environment (docs/gpu-run.md records the settings of each recorded run):
 #   K3NUM_K3_PROFILE     profile of the K3-shape properties (nightly-1k: 1,000 examples each)
-#   K3NUM_K3_JOBS        their jobs (gpu_nightly.sh K3NUM_ENGINES syntax), split so that each fits
+#   K3NUM_K3_ENGINES     their engines (default: vllm vllm-rocm sglang tokenspeed)
 #   K3NUM_SMALL_PROFILE  profile of the small-shape properties on cuda (ci: 40 examples each)
-#   K3NUM_SMALL_JOBS     their jobs (default: vllm vllm-rocm sglang tokenspeed)
-#   K3NUM_ENGINE_TIMEOUT seconds after which a job is interrupted (default 480)
+#   K3NUM_SMALL_ENGINES  their engines (default: vllm vllm-rocm sglang tokenspeed)
+#   K3NUM_TIMEOUT        seconds after which a gpu_nightly.sh run is interrupted (default 480)
 #   K3NUM_BENCH_REPS     repetitions of each kernel timing (default 20)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -33,17 +42,18 @@ out=${1:?usage: scripts/device_session.sh OUT [PARTS]}
 parts=",${2:-bench,race,k3,small},"
 want() { [[ "$parts" == *",$1,"* ]]; }
 for p in ${parts//,/ }; do
-    case $p in ops|bench|race|k3|small|hunt|sanitize) ;;
-        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize)"; exit 2;; esac
+    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale) ;;
+        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale)"
+           exit 2;; esac
 done
 mkdir -p "$out"
 cd "$root"
 export K3NUM_ENGINE_CACHE=${K3NUM_ENGINE_CACHE:-$root/engine-cache} PYTHONUNBUFFERED=1
-export K3NUM_ENGINE_TIMEOUT=${K3NUM_ENGINE_TIMEOUT:-480}
+export K3NUM_TIMEOUT=${K3NUM_TIMEOUT:-480}
 k3_profile=${K3NUM_K3_PROFILE:-nightly-1k}
-k3_jobs=${K3NUM_K3_JOBS:-vllm vllm-rocm sglang@mix sglang@draft tokenspeed}
+k3_engines=${K3NUM_K3_ENGINES:-vllm vllm-rocm sglang tokenspeed}
 small_profile=${K3NUM_SMALL_PROFILE:-ci}
-small_jobs=${K3NUM_SMALL_JOBS:-vllm vllm-rocm sglang tokenspeed}
+small_engines=${K3NUM_SMALL_ENGINES:-vllm vllm-rocm sglang tokenspeed}
 {
     date -u +"%F %T UTC"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -53,7 +63,48 @@ small_jobs=${K3NUM_SMALL_JOBS:-vllm vllm-rocm sglang tokenspeed}
 for e in vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
-bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0
+bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0
+if want golden; then
+    echo "== golden set against the live oracle at K3 shapes"
+    python bench/golden_speed.py --device cuda --cases "${K3NUM_GOLDEN_CASES:-4}" --csv "$out/golden.csv" \
+        | tee "$out/golden.md"
+    golden=${PIPESTATUS[0]}
+fi
+if want k3det; then
+    echo "== K3-shape determinism [${K3NUM_K3DET_PROFILE:-nightly-1k}]"
+    t0=$(date +%s)
+    timeout -s INT "${K3NUM_K3DET_TIMEOUT:-540}" python -m pytest properties/test_k3_shapes.py -k repeated_calls \
+        --engine vllm,vllm-rocm -n "${K3NUM_K3DET_WORKERS:-4}" --dist worksteal -p no:cacheprovider -q \
+        --hypothesis-profile="${K3NUM_K3DET_PROFILE:-nightly-1k}" --drift-csv "$out/k3det.csv" --durations=5 \
+        2>&1 | grep -v "^SKIPPED" | tail -n 30 | tee "$out/k3det.log"
+    k3det=${PIPESTATUS[0]}
+    echo "k3det: exit $k3det in $(( $(date +%s) - t0 )) s" | tee -a "$out/k3det.log"
+fi
+if want scale; then
+    echo "== scale-out: the K3-shape properties [$k3_profile] per worker count"
+    echo "| how | workers | exit | wall s | records |" > "$out/scale.md"
+    echo "| --- | --- | --- | --- | --- |" >> "$out/scale.md"
+    if [ -n "${K3NUM_SCALE_BASELINE:-}" ]; then
+        t0=$(date +%s)
+        K3NUM_PROFILE=$k3_profile K3NUM_SUITE="properties -m gpu" \
+            K3NUM_ENGINES="${K3NUM_SCALE_BASELINE_JOBS:-vllm vllm-rocm sglang@mix sglang@draft tokenspeed}" \
+            K3NUM_ENGINE_TIMEOUT=$K3NUM_TIMEOUT bash "$K3NUM_SCALE_BASELINE" "$out/scale-baseline" > "$out/scale-baseline.log" 2>&1
+        rc=$?
+        echo "| $(basename "$K3NUM_SCALE_BASELINE") (one process per job) | - | $rc | $(( $(date +%s) - t0 )) |" \
+             "$(python -c "import pandas as pd; print(len(pd.read_csv('$out/scale-baseline/drift.csv')))" 2>/dev/null) |" >> "$out/scale.md"
+        [ "$rc" -eq 0 ] || scale=1
+    fi
+    for n in ${K3NUM_SCALE_WORKERS:-1 4 8}; do
+        t0=$(date +%s)
+        K3NUM_PROFILE=$k3_profile K3NUM_SUITE="properties -m gpu" K3NUM_ENGINES=$k3_engines K3NUM_WORKERS=$n \
+            bash scripts/gpu_nightly.sh "$out/scale-$n" ${K3NUM_SCALE_K:+-k "$K3NUM_SCALE_K"} > "$out/scale-$n.log" 2>&1
+        rc=$?
+        echo "| gpu_nightly.sh (xdist) | $n | $rc | $(( $(date +%s) - t0 )) |" \
+             "$(python -c "import pandas as pd; print(len(pd.read_csv('$out/scale-$n/drift.csv')))" 2>/dev/null) |" >> "$out/scale.md"
+        [ "$rc" -eq 0 ] || scale=1
+    done
+    cat "$out/scale.md"
+fi
 if want hunt; then
     echo "== the hunt: determinism, poisoned memory, off-path shapes (cuda)"
     t0=$(date +%s)
@@ -110,20 +161,20 @@ if want race; then
 fi
 k3_pid= small_pid=
 if want k3; then
-    echo "== properties at K3 shapes [$k3_profile: $k3_jobs]"
-    K3NUM_PROFILE=$k3_profile K3NUM_SUITE="properties -m gpu" K3NUM_ENGINES=$k3_jobs \
+    echo "== properties at K3 shapes [$k3_profile: $k3_engines]"
+    K3NUM_PROFILE=$k3_profile K3NUM_SUITE="properties -m gpu" K3NUM_ENGINES=$k3_engines \
         bash scripts/gpu_nightly.sh "$out/k3" > "$out/k3.log" 2>&1 &
     k3_pid=$!
 fi
 if want small; then
-    echo "== properties at small shapes on cuda [$small_profile: $small_jobs]"
+    echo "== properties at small shapes on cuda [$small_profile: $small_engines]"
     K3NUM_PROFILE=$small_profile K3NUM_SUITE="properties --ignore=properties/test_k3_shapes.py" \
-        K3NUM_ENGINES=$small_jobs bash scripts/gpu_nightly.sh "$out/small" > "$out/small.log" 2>&1 &
+        K3NUM_ENGINES=$small_engines bash scripts/gpu_nightly.sh "$out/small" > "$out/small.log" 2>&1 &
     small_pid=$!
 fi
 if [ -n "$k3_pid" ]; then wait "$k3_pid"; k3=$?; cat "$out/k3.log"; fi
 if [ -n "$small_pid" ]; then wait "$small_pid"; small=$?; cat "$out/small.log"; fi
 dirs=(); for d in k3 small; do [ -d "$out/$d" ] && dirs+=("$d"); done
 [ ${#dirs[@]} -gt 0 ] && tar czf "$out/properties.tgz" -C "$out" "${dirs[@]}"
-echo "device_session: hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
-[ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]
+echo "device_session: golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
+[ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]

@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # The nightly GPU job: the whole property suite on the GPU (small shapes with --device cuda,
-# and the gpu-marked properties at full K3 shapes) under a hypothesis profile, one pytest
-# process per engine running side by side, then one drift CSV and a summary table.
+# and the gpu-marked properties at full K3 shapes) under a hypothesis profile, spread by
+# pytest-xdist over the visible GPUs (one worker per GPU, times K3NUM_WORKERS_PER_GPU; the
+# worker-to-GPU mapping is in conftest.py and engines/scaleout.py), then one drift CSV (the
+# controller merges the workers' records) and a summary table.
 #
 # Usage: scripts/gpu_nightly.sh [OUT_DIR] [extra pytest args]
 # Environment:
 #   K3NUM_PROFILE  hypothesis profile (default nightly; gpu-smoke, nightly-1k, ... see conftest.py)
-#   K3NUM_ENGINES  space-separated jobs, one process each (default: every default engine). A job is
-#                  an engine name, or ENGINE@KEXPR to run only the tests matching pytest's -k KEXPR
-#                  (split a slow engine across processes: "sglang@mix_triton sglang@draft"; write a
-#                  space in KEXPR as +: "sglang@mix+and+not+eager")
-#   K3NUM_ENGINE_TIMEOUT  seconds after which an engine's run is interrupted (SIGINT: pytest stops,
-#                  writes its CSV and junit, and exits non-zero); default none
+#   K3NUM_ENGINES  space- or comma-separated engines (default: every default engine)
+#   K3NUM_WORKERS  pytest-xdist's -n (default auto: one worker per visible GPU x K3NUM_WORKERS_PER_GPU)
+#   K3NUM_WORKERS_PER_GPU  workers sharing one GPU under -n auto (default 4: the K3-shape properties are
+#                  bound by the host, so one worker leaves the GPU idle; 4 and 8 took the same time on
+#                  one H200, docs/gpu-run.md run 26)
+#   K3NUM_DIST     xdist's --dist (default worksteal: idle workers take queued tests from busy ones)
+#   K3NUM_TIMEOUT  seconds after which the run is interrupted (SIGINT: pytest stops, the controller
+#                  merges what the workers wrote, and the job exits non-zero); default none
+#                  (K3NUM_ENGINE_TIMEOUT, its earlier name, is still read)
 #   K3NUM_SUITE    what to run: "properties" (default), or a path/-m expression passed to pytest,
 #                  e.g. "properties -m gpu" for the K3-shape properties alone
 #   K3NUM_SANITIZE the sanitizer mode after the properties: comma-separated compute-sanitizer tools
@@ -19,10 +24,8 @@
 #                  at small shapes (scripts/gpu_sanitize.py: OUT_DIR/sanitize/sanitizer.csv and .md,
 #                  appended to summary.md); an unknown tool fails before anything runs; without
 #                  compute-sanitizer on PATH the mode is skipped and says so (it does not pass)
-# The jobs are spread over the visible GPUs round robin (CUDA_VISIBLE_DEVICES, when set, lists
-# them); each job sees one GPU, as cuda:0. Runs with the python on PATH (a GPU box has torch with
-# CUDA; no venv is created). Exits non-zero when any engine's run failed; every engine's log stays
-# in OUT_DIR.
+# CUDA_VISIBLE_DEVICES, when set, lists the GPUs to use. Runs with the python on PATH (a GPU box has
+# torch with CUDA; no venv is created). Exits non-zero when the run failed; the log stays in OUT_DIR.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${1:-$root/out/nightly}
@@ -43,45 +46,33 @@ fi
 python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device: the nightly GPU job needs one')"
 profile=${K3NUM_PROFILE:-nightly}
 engines=${K3NUM_ENGINES:-$(python -c "from engines import registry; print(' '.join(registry.defaults()))")}
+engines=${engines//,/ }
 read -r -a suite <<< "${K3NUM_SUITE:-properties}"
-limit=${K3NUM_ENGINE_TIMEOUT:-}
-echo "gpu_nightly: profile=$profile jobs=[$engines] suite=[${suite[*]}] sanitize=[${sanitize:-off}] -> $out"
+limit=${K3NUM_TIMEOUT:-${K3NUM_ENGINE_TIMEOUT:-}}
+workers=${K3NUM_WORKERS:-auto}
+export K3NUM_WORKERS_PER_GPU=${K3NUM_WORKERS_PER_GPU:-4}
+python -c "import xdist" 2>/dev/null || { echo "gpu_nightly: pytest-xdist is not installed (pip install pytest-xdist)"; exit 2; }
+echo "gpu_nightly: profile=$profile engines=[$engines] suite=[${suite[*]}] workers=$workers" \
+     "(per GPU under auto: $K3NUM_WORKERS_PER_GPU) sanitize=[${sanitize:-off}] -> $out"
 start=$SECONDS
-declare -A pids
-# the jobs share the host's cores: each gets its share of torch's CPU threads, not all of them
-read -r -a joblist <<< "$engines"
-threads=$(( $(nproc) / ${#joblist[@]} )); [ "$threads" -ge 1 ] || threads=1
+# the workers share the host's cores: each gets its share of torch's CPU threads, not all of them
+n=$workers
+[ "$n" = auto ] && n=$(python -c "import os, torch
+from engines import scaleout
+g = scaleout.visible_gpus(os.environ.get('CUDA_VISIBLE_DEVICES'), torch.cuda.device_count())
+print(scaleout.auto_workers(len(g), os.environ['K3NUM_WORKERS_PER_GPU']))")
+threads=$(( $(nproc) / n )); [ "$threads" -ge 1 ] || threads=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads}
-# the jobs are spread over the visible GPUs round robin; each sees its GPU as cuda:0
-read -r -a gpus <<< "$(python -c "import os, torch
-v = os.environ.get('CUDA_VISIBLE_DEVICES', '').strip()
-ids = [x.strip() for x in v.split(',') if x.strip()] if v else [str(i) for i in range(torch.cuda.device_count())]
-print(' '.join(ids))")"
-[ ${#gpus[@]} -ge 1 ] || { echo "gpu_nightly: no GPU is visible"; exit 2; }
-job=0
-for e in $engines; do
-    gpu=${gpus[$((job % ${#gpus[@]}))]}
-    job=$((job + 1))
-    echo "gpu_nightly: job $e on GPU $gpu"
-    engine=${e%%@*}
-    select=()
-    kexpr=${e#*@}
-    [ "$engine" != "$e" ] && select=(-k "${kexpr//+/ }")
-    CUDA_VISIBLE_DEVICES=$gpu ${limit:+timeout -s INT -k 30 "$limit"} python -m pytest "${suite[@]}" "${select[@]}" --engine "$engine" \
-        --device cuda --hypothesis-profile="$profile" -p no:cacheprovider -o junit_suite_name="k3num-$e" \
-        --durations=15 --drift-csv "$out/drift-$e.csv" --junitxml "$out/junit-$e.xml" "$@" \
-        > "$out/pytest-$e.log" 2>&1 &
-    pids[$e]=$!
-done
 status=0
-for e in $engines; do
-    if wait "${pids[$e]}"; then rc=0; else rc=$?; fi
-    [ "$rc" -eq 124 ] && echo "gpu_nightly: engine $e was interrupted at its ${limit} s limit (its CSV holds the tests it finished)"
-    echo "gpu_nightly: engine $e finished with exit $rc after $((SECONDS - start)) s: $(tail -n 1 "$out/pytest-$e.log")"
-    # pytest exit 5 (nothing collected) is a failure here too: a nightly that ran nothing must not pass
-    [ "$rc" -eq 0 ] || status=1
-done
-python - "$out" $engines > "$out/summary.md" <<'PY'
+${limit:+timeout -s INT -k 60 "$limit"} python -m pytest "${suite[@]}" --engine "${engines// /,}" \
+    -n "$workers" --dist "${K3NUM_DIST:-worksteal}" --device cuda --hypothesis-profile="$profile" \
+    -p no:cacheprovider -o junit_suite_name=k3num --durations=15 --drift-csv "$out/drift.csv" \
+    --junitxml "$out/junit.xml" "$@" > "$out/pytest.log" 2>&1 || status=$?
+[ "$status" -eq 124 ] && echo "gpu_nightly: interrupted at the ${limit} s limit (the CSV holds the tests that finished)"
+# pytest exit 5 (nothing collected) is a failure here too: a nightly that ran nothing must not pass
+echo "gpu_nightly: pytest finished with exit $status after $((SECONDS - start)) s: $(tail -n 1 "$out/pytest.log")"
+[ "$status" -eq 0 ] || status=1
+python - "$out" > "$out/summary.md" <<'PY'
 import sys
 from pathlib import Path
 
@@ -89,12 +80,12 @@ import pandas as pd
 
 from oracles.drift import SM100_NOTE, covers_vllm_attn_res, summarize
 
-out, engines = Path(sys.argv[1]), sys.argv[2:]
-frames = [pd.read_csv(out / f"drift-{e}.csv") for e in engines if (out / f"drift-{e}.csv").exists()]
-if not frames:
-    sys.exit("gpu_nightly: no engine wrote a drift CSV")
-df = pd.concat(frames, ignore_index=True)
-df.to_csv(out / "drift.csv", index=False)
+out = Path(sys.argv[1])
+if not (out / "drift.csv").exists():
+    sys.exit("gpu_nightly: the run wrote no drift CSV")
+df = pd.read_csv(out / "drift.csv")
+if df.empty:
+    sys.exit("gpu_nightly: the drift CSV holds no record")
 t = summarize(df, ["engine", "mode", "device", "subject", "property"])
 print(t.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 if covers_vllm_attn_res(t):

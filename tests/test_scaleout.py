@@ -1,0 +1,85 @@
+"""pytest-xdist spreading: each worker's GPU, `-n auto`, and the one drift CSV the controller merges."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from engines import scaleout
+from oracles.drift import COLUMNS, read_csv
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_visible_gpus_follow_cuda_visible_devices_else_the_device_count():
+    assert scaleout.visible_gpus("3, 5", 8) == ["3", "5"]
+    assert scaleout.visible_gpus("", 2) == ["0", "1"]
+    assert scaleout.visible_gpus(None, 0) == []
+
+
+def test_workers_take_the_gpus_round_robin():
+    gpus = ["0", "1"]
+    assert [scaleout.gpu_for_worker(f"gw{i}", gpus) for i in range(5)] == ["0", "1", "0", "1", "0"]
+    with pytest.raises(ValueError, match="not a pytest-xdist worker id"):
+        scaleout.gpu_for_worker("master", gpus)
+    with pytest.raises(ValueError, match="lists no GPU"):
+        scaleout.gpu_for_worker("gw0", [])
+
+
+def test_auto_workers_is_one_per_gpu_times_the_per_gpu_count():
+    assert scaleout.auto_workers(2, None) == 2
+    assert scaleout.auto_workers(2, "4") == 8
+    assert scaleout.auto_workers(0, "4") is None  # no GPU: xdist's own default
+    for bad in ("0", "two"):
+        with pytest.raises(ValueError, match=scaleout.PER_GPU_ENV):
+            scaleout.auto_workers(1, bad)
+
+
+def test_partial_files_sit_beside_the_csv_in_worker_order(tmp_path):
+    csv = tmp_path / "drift.csv"
+    for w in ("gw10", "gw2", "gw0"):
+        scaleout.partial_path(csv, w).write_text("x")
+    (tmp_path / "other.gw1.part.csv").write_text("x")
+    assert [p.name for p in scaleout.partial_paths(csv)] == [
+        "drift.gw0.part.csv", "drift.gw2.part.csv", "drift.gw10.part.csv"]
+
+
+def _pytest(tmp_path: Path, csv: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pytest", "properties/test_partial_projection.py", "--engine", "mirror",
+           "-p", "no:cacheprovider", "-q", "--hypothesis-profile=ci", "--drift-csv", str(csv), *extra]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})},
+                          timeout=600)
+
+
+def _sorted(df: pd.DataFrame) -> pd.DataFrame:
+    return df.sort_values(COLUMNS).reset_index(drop=True)
+
+
+def test_xdist_run_writes_one_csv_equal_to_the_serial_runs(tmp_path):
+    serial, spread = tmp_path / "serial.csv", tmp_path / "spread.csv"
+    stale = scaleout.partial_path(spread, "gw5")  # a partial file left by an earlier, killed run
+    pd.DataFrame([{c: "stale" for c in COLUMNS}]).to_csv(stale, index=False)
+    r1 = _pytest(tmp_path, serial)
+    r2 = _pytest(tmp_path, spread, "-n", "2", env={scaleout.GPUS_ENV: "5,7"})
+    assert r1.returncode == 0, r1.stdout[-2000:]
+    assert r2.returncode == 0, r2.stdout[-2000:]
+    a, b = read_csv(serial), read_csv(spread)
+    assert len(a) > 0 and list(b.columns) == COLUMNS
+    # derandomized profile: the same cases, whichever worker ran them; the stale file is not merged
+    pd.testing.assert_frame_equal(_sorted(a), _sorted(b))
+    assert scaleout.partial_paths(spread) == []  # the controller removed the workers' files
+    assert f"drift CSV: {spread} ({len(b)} records)" in r2.stdout
+    # each worker saw one GPU of K3NUM_GPUS, round robin
+    assert "xdist workers on GPUs: gw0 -> GPU 5, gw1 -> GPU 7" in r2.stdout
+
+
+def test_auto_workers_refuses_a_bad_per_gpu_count(tmp_path):
+    r = _pytest(tmp_path, tmp_path / "d.csv", "-n", "auto",
+                env={scaleout.GPUS_ENV: "0", scaleout.PER_GPU_ENV: "none"})
+    assert r.returncode != 0
+    assert f"{scaleout.PER_GPU_ENV}='none': not a whole number" in r.stdout + r.stderr

@@ -8,6 +8,7 @@ Profiles (pick with --hypothesis-profile NAME; default "dev"):
 - nightly-1k: nightly with 1,000 examples per property (the GPU target of a recorded run).
 - gpu-smoke: 5 derandomized examples per property: does everything run on this GPU box at all.
 - ci-mutants: ci without the shrink phase, for the mutant self-test.
+- gate-proof: 300 random (not derandomized) examples, no database: the regression gate's proof.
 All have deadline=None: oracle and kernel timings vary too much for deadlines.
 """
 
@@ -53,6 +54,9 @@ settings.register_profile("gpu-smoke", max_examples=5, derandomize=True, databas
 # mutant fails, not its minimal counterexample
 settings.register_profile("ci-mutants", parent=settings.get_profile("ci"),
                           phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target])
+# the regression gate's proof (tests/test_history_gate.py): fresh random draws every run, so two runs
+# of one source differ by real sampling noise, and enough examples for a within-budget drift to show
+settings.register_profile("gate-proof", max_examples=300, database=None, **_COMMON)
 settings.load_profile("dev")
 
 
@@ -124,8 +128,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    import datetime
+
     from engines import fetch
 
+    config._k3num_started = datetime.datetime.now(datetime.timezone.utc)  # type: ignore[attr-defined]
     srcs = config.getoption("--engine-src")
     if srcs:
         os.environ[fetch.ENGINE_SRC_ENV] = ",".join(filter(None, [os.environ.get(fetch.ENGINE_SRC_ENV, ""), *srcs]))
@@ -211,10 +218,11 @@ def engine(request: pytest.FixtureRequest):
 
 @pytest.fixture(autouse=True)
 def _ledger_context(request: pytest.FixtureRequest):
-    """Tag the drift records of a ledger-listed case with its entry id."""
+    """Tag the drift records with the test's node id, and those of a ledger-listed case with its entry id."""
     COLLECTOR.ledger = getattr(request.node, "k3num_ledger", "")
+    COLLECTOR.node = request.node.nodeid
     yield
-    COLLECTOR.ledger = ""
+    COLLECTOR.ledger = COLLECTOR.node = ""
 
 
 def _is_controller(config: pytest.Config) -> bool:
@@ -257,6 +265,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             COLLECTOR.write_csv(_csv_target(config))
         config.workeroutput["k3num_bound"] = _bound_lines()  # type: ignore[attr-defined]
         config.workeroutput["k3num_gpu"] = os.environ.get("CUDA_VISIBLE_DEVICES", "")  # type: ignore[attr-defined]
+        config.workeroutput["k3num_examples"] = dict(_EXAMPLES)  # type: ignore[attr-defined]
         return
     path = config.getoption("--drift-csv")
     if not path:
@@ -275,8 +284,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             p.unlink()
         config._k3num_frame = df  # type: ignore[attr-defined]
         config._k3num_csv = (written, len(df))  # type: ignore[attr-defined]
+        _write_meta(config, path, getattr(config, "_k3num_examples", {}), getattr(config, "_k3num_bound", []))
         return
     written = COLLECTOR.write_csv(path)
+    _write_meta(config, path, _EXAMPLES, _bound_lines())
     config._k3num_csv = (written, len(COLLECTOR.records))  # type: ignore[attr-defined]
 
 
@@ -285,8 +296,81 @@ def pytest_testnodedown(node, error) -> None:
     lines = getattr(node, "workeroutput", {}).get("k3num_bound", [])
     bound = node.config.__dict__.setdefault("_k3num_bound", [])
     bound.extend(x for x in lines if x not in bound)
+    node.config.__dict__.setdefault("_k3num_examples", {}).update(
+        getattr(node, "workeroutput", {}).get("k3num_examples", {}))
     gpu = getattr(node, "workeroutput", {}).get("k3num_gpu")
     node.config.__dict__.setdefault("_k3num_gpus", {})[node.gateway.id] = gpu if gpu else "-"
+
+
+_EXAMPLES: dict[str, int] = {}  # node id -> hypothesis examples run (generate, reuse, target phases)
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_runtest_call(item: pytest.Item):
+    """Count each hypothesis test's examples for the run's metadata (hypothesis reports its statistics
+    through a callback the pytest plugin installs around this call; this wraps that callback)."""
+    from hypothesis.statistics import collector
+
+    outer = collector.value
+
+    def note(stats: dict) -> None:
+        try:
+            n = sum(1 for phase in ("reuse", "generate", "target")
+                    for case in stats.get(f"{phase}-phase", {}).get("test-cases", [])
+                    if case.get("status") in ("valid", "interesting"))
+            _EXAMPLES[item.nodeid] = n
+        finally:
+            if outer is not None:
+                outer(stats)
+
+    with collector.with_value(note):
+        yield
+
+
+def _run_meta(config: pytest.Config, examples: dict[str, int], bound: list[str]) -> dict:
+    """The run's metadata, written beside the drift CSV (oracles.history reads it)."""
+    import datetime
+    import platform
+    import subprocess
+
+    from hypothesis import settings as hsettings
+
+    root = os.path.dirname(os.path.abspath(__file__))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "", False
+    dev = os.environ.get("K3NUM_DEVICE", "cuda" if torch.cuda.is_available() else "cpu")
+    if dev.startswith("cuda") and torch.cuda.is_available():
+        device_name = torch.cuda.get_device_name(0)
+    else:
+        device_name = f"cpu {platform.machine()} {platform.processor() or ''}".strip()
+    started = getattr(config, "_k3num_started", None) or datetime.datetime.now(datetime.timezone.utc)
+    return {
+        "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "harness_commit": commit + ("-dirty" if dirty else ""),
+        "profile": hsettings._current_profile or "",
+        "device_name": device_name,
+        "torch": torch.__version__,
+        "command": " ".join(["pytest", *config.invocation_params.args]),
+        "engines": sorted(bound),
+        "repro_dir": os.environ.get("K3NUM_REPRO_DIR", ""),
+        "examples": dict(sorted(examples.items())),
+    }
+
+
+def _write_meta(config: pytest.Config, csv: str, examples: dict[str, int], bound: list[str]) -> None:
+    import json
+
+    from oracles.history import meta_path
+
+    target = meta_path(csv)
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(json.dumps(_run_meta(config, examples, bound), indent=1))
+    os.replace(tmp, target)
 
 
 def _bound_lines() -> list[str]:

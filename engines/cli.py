@@ -8,6 +8,10 @@
     k3num repro K3N-00X       write the repro bundle of a ledger entry's reproducer
     k3num golden write        a golden set: inputs and float64 oracle outputs (safetensors) and a
                               hash-checked manifest, for `pytest --golden DIR`
+    k3num report              append a run's drift CSV(s) to the history, write report.md/.html with
+                              plots, and (--gate) fail on a ratio drift beyond the history's noise
+    k3num bisect              the first bad engine commit, by `k3num replay` or selected properties on
+                              git worktrees
 """
 
 from __future__ import annotations
@@ -117,6 +121,120 @@ def cmd_repro(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import pandas as pd
+
+    from nightly import report
+    from oracles import history as hist
+
+    try:  # a history that cannot be written is refused before anything is read
+        hdir = hist.check_writable(args.history)
+    except hist.HistoryError as e:
+        print(f"[report] ERROR: {e}", file=sys.stderr)
+        return 2
+    if args.check:
+        print(f"[report] history directory {hdir} is writable")
+        return 0
+    if not args.csv:
+        print("[report] ERROR: no drift CSV given (k3num report --history DIR CSV...)", file=sys.stderr)
+        return 2
+    try:
+        frames = [hist.read_run_csv(c) for c in args.csv]
+        metas = [hist.read_meta(c) for c in args.csv]
+    except hist.SchemaError as e:
+        print(f"[report] ERROR: {e}", file=sys.stderr)
+        return 2
+    meta = _report_meta(args, metas)
+    df = pd.concat(frames, ignore_index=True)
+    past = hist.load_history(hdir)
+    for f, why in past.bad:
+        print(f"[report] WARNING: history file {f} skipped: {why}", file=sys.stderr)
+    run = hist.summarize_run(df, meta)
+    verdicts, refused = None, None
+    if args.gate:
+        try:
+            verdicts = hist.gate(past.runs, run)
+        except hist.HistoryError as e:
+            refused = e
+    written = hist.write_run(hdir, run)
+    if refused is not None:  # the run still seeds the history; the gate itself does not pass
+        print(f"[report] ERROR: {refused}; this run was appended as {written}, so the next gated run has a "
+              "history", file=sys.stderr)
+        return 2
+    run["file"] = written.name
+    out = Path(args.out) if args.out else hdir / "report"
+    md, html_path = report.render([*past.runs, run], out, gate=verdicts, skipped=past.bad)
+    print(f"[report] run of {len(df)} records ({meta.get('profile', '?')}, {meta.get('device_name', '?')}) "
+          f"appended as {written}; {len(past.runs) + 1} runs in the history")
+    print(f"[report] {md} and {html_path}")
+    if verdicts is None:
+        return 0
+    shown = verdicts[verdicts["verdict"].isin(["alarm", "ok"])]
+    print(shown.to_string(index=False, float_format=lambda v: f"{v:.3g}") if not shown.empty else
+          "[report] gate: no group has history to compare with")
+    alarms = verdicts[verdicts["verdict"] == "alarm"]
+    if not alarms.empty:
+        print(f"[report] GATE: {len(alarms)} group(s) drifted beyond the history's noise", file=sys.stderr)
+        return 1
+    print(f"[report] gate passed: {len(shown)} group(s) within the history's noise")
+    return 0
+
+
+def cmd_bisect(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from nightly import bisect
+
+    if args.engine not in fetch.PINS:
+        print(f"[bisect] ERROR: --engine {args.engine!r}: bisect needs an engine with pinned files "
+              f"({', '.join(sorted(fetch.PINS))})", file=sys.stderr)
+        return 2
+    if args.bundle:
+        judge = bisect.replay_judge(args.engine, Path(args.bundle).resolve(), device=args.device)
+        how = f"k3num replay {args.bundle}"
+    else:
+        judge = bisect.pytest_judge(args.engine, args.k, profile=args.profile)
+        how = f"the properties matching -k {args.k!r} ({args.profile})"
+    print(f"[bisect] {args.engine} in {args.repo}, {args.good}..{args.bad}, judged by {how}")
+    try:
+        out = bisect.bisect(Path(args.repo), args.engine, args.good, args.bad, judge)
+    except bisect.BisectError as e:
+        print(f"[bisect] ERROR: {e}", file=sys.stderr)
+        return 2
+    tested = sum(1 for v in out.verdicts.values() if v != bisect.SKIP)
+    skipped = sum(1 for v in out.verdicts.values() if v == bisect.SKIP)
+    if len(out.first_bad) == 1:
+        print(f"[bisect] first bad commit: {bisect.describe(Path(args.repo), out.first_bad[0])}")
+    else:
+        print("[bisect] only skipped commits are left to test; the first bad commit is one of:")
+        for c in out.first_bad:
+            print(f"[bisect]   {bisect.describe(Path(args.repo), c)}")
+    print(f"[bisect] {tested} revisions judged, {skipped} skipped")
+    return 0
+
+
+def _report_meta(args: argparse.Namespace, metas: list[dict]) -> dict:
+    """The run's metadata: the CSVs' sidecars (the first, with every sidecar's examples), then the flags."""
+    import datetime
+
+    meta: dict = dict(next((m for m in metas if m), {}))
+    examples: dict = {}
+    for m in metas:
+        examples.update(m.get("examples", {}))
+    meta["examples"] = examples
+    for flag in ("date", "profile", "device_name", "harness_commit"):
+        v = getattr(args, flag)
+        if v:
+            meta[flag] = v
+    meta.setdefault("date", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    for k in ("profile", "device_name", "harness_commit", "command", "torch", "repro_dir"):
+        meta.setdefault(k, "")
+    meta["csv"] = [str(c) for c in args.csv]
+    return meta
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="k3num", description="k3-numerics: the K3 numerics harness's tools")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
@@ -149,6 +267,32 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--out", required=True, help="directory for the bundles")
     rp.add_argument("--profile", default="ci", help="hypothesis profile of the run (default ci)")
     rp.set_defaults(func=cmd_repro)
+    rep = sub.add_parser("report", help="append a run (drift CSVs) to a history directory and write report.md, "
+                                         "report.html and PNG plots; --gate exits 1 on a drift beyond the history's "
+                                         "noise")
+    rep.add_argument("csv", nargs="*", help="the run's drift CSV(s) (their .meta.json sidecars are read too)")
+    rep.add_argument("--history", required=True, metavar="DIR", help="the history directory (one JSON file per run)")
+    rep.add_argument("--out", default=None, metavar="DIR", help="where the report goes (default DIR/report)")
+    rep.add_argument("--gate", action="store_true", help="compare the run with the history first: exit 1 on an alarm, "
+                     "2 when there is no history (the run is still appended)")
+    rep.add_argument("--check", action="store_true", help="only check that the history directory is writable")
+    rep.add_argument("--date", default=None, help="override the run's date (ISO 8601, UTC)")
+    rep.add_argument("--profile", default=None, help="override the run's hypothesis profile")
+    rep.add_argument("--device-name", default=None, help="override the run's device name")
+    rep.add_argument("--harness-commit", default=None, help="override the run's harness commit")
+    rep.set_defaults(func=cmd_report)
+    bi = sub.add_parser("bisect", help="the first bad engine commit between --good and --bad: each revision checked "
+                                       "out with git worktree and judged by k3num replay or selected properties")
+    bi.add_argument("--engine", required=True, help="the engine the repository holds (vllm, sglang, tokenspeed)")
+    bi.add_argument("--repo", required=True, help="a git repository laid out like the installed package")
+    bi.add_argument("--good", required=True, help="a revision that passes")
+    bi.add_argument("--bad", required=True, help="a later revision that fails")
+    how = bi.add_mutually_exclusive_group(required=True)
+    how.add_argument("--bundle", help="judge each revision by `k3num replay BUNDLE`")
+    how.add_argument("-k", help="judge each revision by the properties matching this pytest -k expression")
+    bi.add_argument("--profile", default="ci", help="hypothesis profile of -k runs (default ci)")
+    bi.add_argument("--device", default="cpu", help="device of --bundle replays (default cpu)")
+    bi.set_defaults(func=cmd_bisect)
     args = ap.parse_args(argv)
     return int(args.func(args))
 

@@ -35,10 +35,13 @@ class DriftCollector:
     def __init__(self) -> None:
         self.records: list[Record] = []
         self.ledger = ""  # set by the root conftest while a ledger-listed case runs
+        self.node = ""  # the running test's node id, set by the root conftest
 
     def add(self, record: Record) -> Record:
         if self.ledger and not record.ledger:
             record = replace(record, ledger=self.ledger)
+        if self.node and not record.node:
+            record = replace(record, node=self.node)
         self.records.append(record)
         return record
 

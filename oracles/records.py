@@ -56,6 +56,8 @@ class Record:
     # is one element and one that is every element read differently
     over_budget: int = 0
     numel: int = 0
+    # the pytest node id of the test that made the record (set by the session collector): what reruns it
+    node: str = ""
     extra: dict[str, object] = field(default_factory=dict)
 
     def row(self) -> dict[str, object]:

@@ -24,6 +24,12 @@
 #                  at small shapes (scripts/gpu_sanitize.py: OUT_DIR/sanitize/sanitizer.csv and .md,
 #                  appended to summary.md); an unknown tool fails before anything runs; without
 #                  compute-sanitizer on PATH the mode is skipped and says so (it does not pass)
+#   K3NUM_HISTORY  a history directory: checked writable before the run (refused otherwise), then the run is
+#                  appended to it and OUT_DIR/report/ written (`k3num report`: report.md, report.html, plots)
+#   K3NUM_GATE     with K3NUM_HISTORY, 1 makes the regression gate decide too (`k3num report --gate`): the
+#                  job fails on a ratio drift beyond the history's noise, and on an empty history
+#   K3NUM_REPRO_ALL  1: --repro-dir OUT_DIR/repro --repro-all (the report's worst cases then replay from
+#                  their bundles; each subject call's inputs are cloned for it)
 # CUDA_VISIBLE_DEVICES, when set, lists the GPUs to use. Runs with the python on PATH (a GPU box has
 # torch with CUDA; no venv is created). Exits non-zero when the run failed; the log stays in OUT_DIR.
 set -euo pipefail
@@ -44,6 +50,13 @@ except ValueError as e:
 PY
 fi
 python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device: the nightly GPU job needs one')"
+history=${K3NUM_HISTORY:-}
+if [ -n "$history" ]; then  # a history that cannot be written is refused before hours of properties
+    python -m engines.cli report --history "$history" --check || exit 2
+fi
+repro=() gate=()
+[ "${K3NUM_REPRO_ALL:-0}" = 1 ] && repro=(--repro-dir "$out/repro" --repro-all)
+[ "${K3NUM_GATE:-0}" = 1 ] && gate=(--gate)
 profile=${K3NUM_PROFILE:-nightly}
 engines=${K3NUM_ENGINES:-$(python -c "from engines import registry; print(' '.join(registry.defaults()))")}
 engines=${engines//,/ }
@@ -67,7 +80,7 @@ status=0
 ${limit:+timeout -s INT -k 60 "$limit"} python -m pytest "${suite[@]}" --engine "${engines// /,}" \
     -n "$workers" --dist "${K3NUM_DIST:-worksteal}" --device cuda --hypothesis-profile="$profile" \
     -p no:cacheprovider -o junit_suite_name=k3num --durations=15 --drift-csv "$out/drift.csv" \
-    --junitxml "$out/junit.xml" "$@" > "$out/pytest.log" 2>&1 || status=$?
+    --junitxml "$out/junit.xml" "${repro[@]}" "$@" > "$out/pytest.log" 2>&1 || status=$?
 [ "$status" -eq 124 ] && echo "gpu_nightly: interrupted at the ${limit} s limit (the CSV holds the tests that finished)"
 # pytest exit 5 (nothing collected) is a failure here too: a nightly that ran nothing must not pass
 echo "gpu_nightly: pytest finished with exit $status after $((SECONDS - start)) s: $(tail -n 1 "$out/pytest.log")"
@@ -91,6 +104,15 @@ print(t.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 if covers_vllm_attn_res(t):
     print(SM100_NOTE)
 PY
+if [ -n "$history" ]; then
+    set +e
+    python -m engines.cli report --history "$history" --out "$out/report" "${gate[@]}" "$out/drift.csv" \
+        2>&1 | tee "$out/report.log"
+    rrc=${PIPESTATUS[0]}
+    set -e
+    # 1: the gate's alarm; 2: no history to gate against, or a run the report could not read
+    [ "$rrc" -eq 0 ] || { echo "gpu_nightly: k3num report exited $rrc (see $out/report.log)"; status=1; }
+fi
 if [ -n "$sanitize" ]; then
     set +e
     python scripts/gpu_sanitize.py --sanitize "$sanitize" --out "$out/sanitize"

@@ -9,8 +9,11 @@ is how the suite proves its power.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Callable
 
+import pytest
 import torch
 
 from engines import base, mirror, registry, standins
@@ -472,6 +475,39 @@ ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS, *TRANSFER_MUTANTS, *OWNER_MUTANTS, *OPS
               *FP8_MUTANTS])
 
 
+# --- drifting subjects: NOT bugs the properties must catch. Each adds one extra rounding where the
+# budget has room, so every property still passes while the err/budget ratios move up; the regression
+# gate (oracles.history, `k3num report --gate`) must notice them. `K3NUM_DRIFT=NAME` puts one in place
+# of the mirror (tests/test_history_gate.py).
+
+
+def _unsharded_norm_rounded(taps, fc_weight, norm_weight, eps):
+    """The unsharded projection's RMSNorm with its 1/rms and its normalised row each rounded to the storage
+    dtype before the weight is applied (two extra roundings, about one ulp more on every element, where the
+    budget of a GEMM over k taps has room)."""
+    k, n, h = taps.shape
+    y = (taps.permute(1, 0, 2).reshape(n, k * h) @ fc_weight.T).float()
+    low = taps.dtype
+    scale = torch.rsqrt(y.square().mean(-1, keepdim=True) + eps).to(low).float()
+    return ((y * scale).to(low).float() * norm_weight.float()).to(low)
+
+
+DRIFT = {
+    "unsharded_norm_rounded": {base.PROJECT_UNSHARDED: _unsharded_norm_rounded},
+}
+DRIFT_ENV = "K3NUM_DRIFT"
+
+
+def build_drift(name: str) -> base.Engine:
+    """The mirror with one drifting subject, under the mirror's own name: hypothesis derives its
+    derandomized draws from the test's node id, so only a subject named `mirror` meets the very cases the
+    mirror's history holds. Its version says which drift it carries (a different source to the gate)."""
+    engine = mirror.build()
+    subjects = dict(engine.subjects)
+    subjects.update(DRIFT[name])
+    return dataclasses.replace(engine, version=f"{engine.version}+drift-{name}", subjects=subjects)
+
+
 def build(name: str) -> base.Engine:
     """The mirror reduced to the path of the broken piece (everything else is absent and skips), so
     the self-test spends its time only where the bug is."""
@@ -516,3 +552,9 @@ PATHS = (
 def pytest_configure(config) -> None:
     for name in ALL:
         registry.register(f"mutant-{name}", lambda name=name: build(name))
+    drift = os.environ.get(DRIFT_ENV)
+    if drift:  # `K3NUM_DRIFT=NAME pytest -p tests.mutants --engine mirror`: the mirror drifts
+        if drift not in DRIFT:
+            raise pytest.UsageError(f"{DRIFT_ENV}={drift!r}: known drifts are {sorted(DRIFT)}")
+        registry.known()  # the built-in factories first, so that this one replaces the mirror's
+        registry.register("mirror", lambda: build_drift(drift))

@@ -12,10 +12,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_help_lists_every_subcommand() -> None:
     r = subprocess.run([sys.executable, "-m", "engines.cli", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0
-    for cmd in ("fetch", "build-ops", "golden", "replay", "repro"):
+    for cmd in ("fetch", "build-ops", "golden", "replay", "repro", "report", "bisect"):
         assert cmd in r.stdout, (cmd, r.stdout)
 
 
 def test_an_unknown_subcommand_is_refused_with_the_list() -> None:
-    r = subprocess.run([sys.executable, "-m", "engines.cli", "bisect"], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 2 and "invalid choice: 'bisect'" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "engines.cli", "frobnicate"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and "invalid choice: 'frobnicate'" in r.stderr

@@ -1,0 +1,1 @@
+"""The nightly loop around the property suite: its history report and bisection."""

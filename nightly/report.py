@@ -1,0 +1,290 @@
+"""The nightly's report over its history: report.md (a GitHub job summary), a self-contained report.html,
+and PNG plots (matplotlib, Agg), from the run files oracles.history keeps.
+
+Per engine and subject:
+- `ratio-<engine>-<subject>.png`: the err/budget ratio distribution per run over time, one box per run
+  (box: quartiles; whiskers: 5th and 95th percentiles; tick: median; dot: the worst), one panel per property;
+- `err-vs-len-<engine>-<subject>.png`: the error against the reduction length on log-log axes, the
+  latest run's median and worst error per length, with the budget's median per length and its fitted
+  slope drawn;
+and `nondeterminism.png`: per group that repeats calls (the hygiene properties), the records with more
+than one distinct output per run.
+
+Tables: the latest run (meta, examples per test), the gate's verdicts, the worst cases with the
+command that replays each, the ledger's status, and budget slack.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from oracles import history as hist
+from oracles import ledger as ledger_mod
+
+
+def md_table(df: pd.DataFrame, floats: str = "{:.3g}") -> str:
+    """A GitHub-flavoured markdown table (no tabulate needed)."""
+    if df.empty:
+        return "_(none)_\n"
+
+    def cell(v: object) -> str:
+        if isinstance(v, float):
+            return floats.format(v) if math.isfinite(v) else str(v)
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def _slug(*parts: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(parts))
+
+
+def _label(run: dict) -> str:
+    m = run["meta"]
+    return f"{str(m.get('date', ''))[:10]} {str(m.get('harness_commit', ''))[:7]}".strip() or run.get("file", "?")
+
+
+# ---- tables -------------------------------------------------------------------------------------
+
+
+def worst_cases(run: dict, top: int = 15) -> pd.DataFrame:
+    """The latest run's worst comparisons, each with the command that replays it: the repro bundle where
+    the run wrote one (`--repro-all`), else the pytest node with --repro-dir, then `k3num replay`."""
+    w = pd.DataFrame(run["worst"])
+    if w.empty:
+        return w
+    w["ratio"] = pd.to_numeric(w["ratio"], errors="coerce").fillna(math.inf)
+    w = w.sort_values("ratio", ascending=False).head(top)
+    repro = str(run["meta"].get("repro_dir", "") or "")
+
+    def command(r: pd.Series) -> str:
+        bundle = f"{r['property']}-{r['engine']}-worst.safetensors"
+        if repro and (Path(repro) / bundle).exists():
+            return f"k3num replay {Path(repro) / bundle}"
+        node = r.get("node", "") or f"properties -k {r['property']}"
+        return (f"python -m pytest '{node}' --engine {r['engine']} --repro-dir R --repro-all; "
+                f"k3num replay R/{bundle}")
+
+    w["replay"] = w.apply(command, axis=1)
+    return w[["engine", "subject", "property", "ratio", "max_abs", "budget", "shape", "seed", "ledger", "replay"]]
+
+
+def ledger_status(run: dict) -> pd.DataFrame:
+    """Every ledger entry against the latest run's records: still failing, fixed (the entry must go: its
+    case passed), or not exercised by this run (its engine, mode or test did not run here)."""
+    seen = {x["ledger"]: x for x in run["ledger"]}
+    rows = []
+    for d in ledger_mod.LEDGER:
+        x = seen.get(d.id)
+        if x is None:
+            status = "not exercised in this run"
+        elif x["failing"] > 0:
+            status = f"still failing ({x['failing']} of {x['records']} records)"
+        else:
+            status = f"FIXED: {x['records']} records, none failing; remove the entry"
+        rows.append({"entry": d.id, "engine": d.engine, "test": d.test, "status": status})
+    return pd.DataFrame(rows)
+
+
+def budget_slack(runs: Sequence[dict], slack: float = hist.SLACK) -> pd.DataFrame:
+    """Groups whose worst ratio stayed below `slack` in every run of the history: a budget that loose
+    catches nothing."""
+    g = hist.groups_frame(runs)
+    if g.empty:
+        return g
+    g = g[~g["exact"]]
+    keys = ["engine", "subject", "property"]
+    t = g.groupby(keys).agg(runs=("run", "nunique"), worst_over_history=("worst_ratio", "max")).reset_index()
+    return t[t["worst_over_history"] < slack].sort_values("worst_over_history").reset_index(drop=True)
+
+
+def latest_summary(run: dict) -> pd.DataFrame:
+    g = pd.DataFrame(run["groups"])
+    if g.empty:
+        return g
+    g["median_ratio"] = g["q"].map(lambda q: q[50])
+    return g[["engine", "subject", "property", "mode", "device", "records", "median_ratio", "worst_ratio",
+              "failures", "known_divergences", "nondeterministic"]]
+
+
+# ---- plots --------------------------------------------------------------------------------------
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_ratios(runs: Sequence[dict], out: Path, max_runs: int = 60) -> list[Path]:
+    """One PNG per (engine, subject): a box per run of each property's ratio distribution."""
+    plt = _plt()
+    g = hist.groups_frame(runs[-max_runs:])
+    paths = []
+    if g.empty:
+        return paths
+    labels = [_label(r) for r in runs[-max_runs:]]
+    for (engine, subject), gs in g.groupby(["engine", "subject"], sort=True):
+        props = sorted(gs["property"].unique())
+        fig, axes = plt.subplots(len(props), 1, figsize=(max(6, 0.35 * len(labels) + 3), 2.4 * len(props)),
+                                 squeeze=False)
+        for ax, prop in zip(axes[:, 0], props):
+            gp = gs[gs["property"] == prop].sort_values("run")
+            q = np.array(gp["q"].tolist())  # [runs, 101]
+            x = np.arange(1, len(q) + 1)
+            # a box per run drawn as 4 collections (whiskers, box, median, worst) rather than bxp's ~6 artists
+            # per box: with 60 runs a plot costs a tenth of the time
+            ax.vlines(x, q[:, 5], q[:, 95], color="tab:blue", lw=0.8)
+            ax.vlines(x, q[:, 25], q[:, 75], color="tab:blue", lw=5, alpha=0.55)
+            ax.scatter(x, q[:, 50], marker="_", s=60, color="k", lw=1.2, zorder=3)
+            ax.scatter(x, q[:, 100], marker="o", s=6, color="tab:orange", zorder=3)
+            ax.axhline(1.0, color="tab:red", lw=0.8, ls="--")
+            ax.axhline(hist.SLACK, color="tab:gray", lw=0.6, ls=":")
+            ax.set_xlim(0.3, len(q) + 0.7)
+            ax.set_ylabel("err / budget", fontsize=8)
+            ax.set_title(f"{engine} {subject}: {prop} (box: quartiles, whiskers: 5-95%, dot: worst)", fontsize=8)
+            # at most 12 run labels per axis: text layout is most of a plot's cost
+            names = [labels[r] for r in gp["run"]]
+            step = max(1, math.ceil(len(names) / 12))
+            ax.set_xticks(x[::step], names[::step], rotation=60, fontsize=7, ha="right")
+        # fixed margins instead of tight_layout, which measures every label (most of the time of a report)
+        fig.subplots_adjust(left=0.1, right=0.98, top=1 - 0.3 / len(props), bottom=0.75 / (2.4 * len(props)) + 0.1,
+                            hspace=0.9)
+        p = out / f"ratio-{_slug(engine, subject)}.png"
+        fig.savefig(p, dpi=90)
+        plt.close(fig)
+        paths.append(p)
+    return paths
+
+
+def plot_err_vs_len(runs: Sequence[dict], out: Path) -> list[Path]:
+    """One PNG per (engine, subject) with reduction lengths: the latest run's error per length (median and
+    worst), the earlier runs' medians faint, the budget's median per length and its log-log slope."""
+    plt = _plt()
+    rows = [{**b, "run": i} for i, r in enumerate(runs) for b in r["by_len"]]
+    paths: list[Path] = []
+    if not rows:
+        return paths
+    df = pd.DataFrame(rows)
+    last = len(runs) - 1
+    for (engine, subject), gs in df.groupby(["engine", "subject"], sort=True):
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        for prop, gp in gs.groupby("property"):
+            old = gp[gp["run"] != last]
+            if not old.empty:
+                ax.scatter(old["reduction_len"], old["err_median"], s=6, alpha=0.2, color="gray")
+            now = gp[gp["run"] == last].sort_values("reduction_len")
+            if now.empty:
+                continue
+            ax.plot(now["reduction_len"], now["err_median"], "o-", ms=3, label=f"{prop}: median err")
+            ax.plot(now["reduction_len"], now["err_max"], "^", ms=3, label=f"{prop}: worst err")
+            b = now[(now["budget_median"] > 0) & (now["reduction_len"] > 0)]
+            if len(b) >= 2:
+                slope = np.polyfit(np.log(b["reduction_len"]), np.log(b["budget_median"]), 1)[0]
+                ax.plot(b["reduction_len"], b["budget_median"], "--", label=f"{prop}: budget (slope {slope:.2f})")
+            elif len(b) == 1:
+                ax.plot(b["reduction_len"], b["budget_median"], "x", label=f"{prop}: budget")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("reduction length")
+        ax.set_ylabel("max |err|")
+        ax.set_title(f"{engine} {subject}: error against reduction length (latest run)", fontsize=9)
+        ax.legend(fontsize=6, loc="upper left")  # a fixed place: "best" searches every point
+        fig.subplots_adjust(left=0.12, right=0.98, top=0.92, bottom=0.12)
+        p = out / f"err-vs-len-{_slug(engine, subject)}.png"
+        fig.savefig(p, dpi=90)
+        plt.close(fig)
+        paths.append(p)
+    return paths
+
+
+def plot_nondeterminism(runs: Sequence[dict], out: Path) -> list[Path]:
+    """Records with more than one bitwise-distinct output, per run, for the groups that repeat calls."""
+    plt = _plt()
+    g = hist.groups_frame(runs)
+    if g.empty or "repeat_records" not in g or not (g["repeat_records"] > 0).any():
+        return []
+    g = g[g["repeat_records"] > 0]
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for key, gk in g.groupby(["engine", "subject", "property"]):
+        gk = gk.sort_values("run")
+        ax.plot(gk["run"], gk["nondeterministic"], "o-", ms=3, label="/".join(key))
+    ax.set_xlabel("run (oldest first)")
+    ax.set_ylabel("records with > 1 distinct output")
+    ax.set_title("nondeterminism (repeat properties)", fontsize=9)
+    ax.legend(fontsize=6, loc="upper left")
+    fig.subplots_adjust(left=0.1, right=0.98, top=0.9, bottom=0.14)
+    p = out / "nondeterminism.png"
+    fig.savefig(p, dpi=90)
+    plt.close(fig)
+    return [p]
+
+
+# ---- the report ---------------------------------------------------------------------------------
+
+
+def render(runs: Sequence[dict], out: Path, gate: pd.DataFrame | None = None,
+           skipped: Sequence[tuple[str, str]] = ()) -> tuple[Path, Path]:
+    """Write report.md, report.html and the PNGs into `out` for the history `runs` (oldest first, the
+    latest last). Returns (report.md, report.html)."""
+    out.mkdir(parents=True, exist_ok=True)
+    latest = runs[-1]
+    m = latest["meta"]
+    pngs = [*plot_ratios(runs, out), *plot_err_vs_len(runs, out), *plot_nondeterminism(runs, out)]
+    sections: list[tuple[str, str, pd.DataFrame | None]] = []
+    head = (f"History: {len(runs)} runs ({_label(runs[0])} to {_label(latest)}). Latest run: {m.get('date', '?')}, "
+            f"harness {m.get('harness_commit', '?')}, profile {m.get('profile', '?')}, device "
+            f"{m.get('device_name', '?')}, torch {m.get('torch', '?')}.\n\nCommand: `{m.get('command', '?')}`\n")
+    if skipped:
+        head += "\nHistory files skipped (they do not parse):\n" + "".join(f"- `{f}`: {why}\n" for f, why in skipped)
+    if gate is not None:
+        alarms = gate[gate["verdict"] == "alarm"]
+        sections.append((f"Regression gate: {len(alarms)} alarm(s) in {len(gate)} groups",
+                         "Shift: the chance that a ratio of this run exceeds one of the history, minus 1/2 "
+                         "(oracles/history.py derives the threshold).", gate))
+    sections.append(("Latest run", "", latest_summary(latest)))
+    sections.append(("Worst cases (latest run)", "", worst_cases(latest)))
+    sections.append(("Ledger status (latest run)", "", ledger_status(latest)))
+    sections.append((f"Budget slack: worst ratio below {hist.SLACK} in every run", "A budget this loose catches "
+                     "nothing: tighten it (oracles/budgets.py) or say why it must be loose.", budget_slack(runs)))
+    ex = m.get("examples", {})
+    if ex:
+        sections.append(("Examples per test (latest run)", "", pd.DataFrame(
+            {"test": list(ex), "examples": list(ex.values())})))
+    md = ["# k3-numerics nightly report\n", head]
+    for title, note, df in sections:
+        md += [f"\n## {title}\n", (note + "\n\n") if note else "", md_table(df) if df is not None else ""]
+    md.append("\n## Plots\n")
+    md += [f"- `{p.name}`\n" for p in pngs]
+    md_path = out / "report.md"
+    md_path.write_text("".join(md))
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>k3-numerics nightly report</title>",
+             "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;"
+             "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}</style></head><body>",
+             "<h1>k3-numerics nightly report</h1>", f"<pre>{html.escape(head)}</pre>"]
+    for title, note, df in sections:
+        parts += [f"<h2>{html.escape(title)}</h2>", f"<p>{html.escape(note)}</p>" if note else "",
+                  df.to_html(index=False, float_format=lambda v: f"{v:.3g}", na_rep="") if df is not None else ""]
+    parts.append("<h2>Plots</h2>")
+    for p in pngs:
+        data = base64.b64encode(p.read_bytes()).decode()
+        name = html.escape(p.name)
+        parts.append(f"<h3>{name}</h3><img alt='{name}' src='data:image/png;base64,{data}'>")
+    parts.append("</body></html>")
+    html_path = out / "report.html"
+    html_path.write_text("\n".join(parts))
+    return md_path, html_path

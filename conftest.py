@@ -347,12 +347,20 @@ def _run_meta(config: pytest.Config, examples: dict[str, int], bound: list[str])
     if dev.startswith("cuda") and torch.cuda.is_available():
         device_name = torch.cuda.get_device_name(0)
     else:
-        device_name = f"cpu {platform.machine()} {platform.processor() or ''}".strip()
+        device_name = f"cpu {platform.machine()}"
+        try:  # the CPU's model where Linux names it ("cpu x86_64 AMD EPYC ...")
+            model = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
+                         "")
+        except OSError:
+            model = ""
+        device_name = f"{device_name} {model}".strip()
     started = getattr(config, "_k3num_started", None) or datetime.datetime.now(datetime.timezone.utc)
     return {
         "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "harness_commit": commit + ("-dirty" if dirty else ""),
-        "profile": hsettings._current_profile or "",
+        # get_current_profile_name is newer than some hypothesis releases this package accepts
+        "profile": (getattr(hsettings, "get_current_profile_name", None) or (lambda: hsettings._current_profile))()
+        or "",
         "device_name": device_name,
         "torch": torch.__version__,
         "command": " ".join(["pytest", *config.invocation_params.args]),

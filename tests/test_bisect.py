@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,39 @@ def test_bisect_refuses_ends_that_do_not_judge_as_named(engine_repo, capsys):
                    "-k", KEXPR])
     assert rc == 2
     assert "judges bad, not good" in capsys.readouterr().err
+
+
+K3N_008 = "properties/test_off_path_shapes.py::test_model_aggregation_off_grid_hidden_within_budget_or_refused"
+
+
+def test_bisect_by_a_repro_bundle_finds_the_commit_that_reverted_a_fix(tmp_path, capsys):
+    """SGLang: c0 carries the K3N-008 fix (engines.fixes), c1 is unrelated, c2 reverts the fix (the pinned
+    release's file), c3 is unrelated; the K3N-008 bundle replays PASS on c0 and FAIL from c2 on."""
+    if fetch.missing_files("sglang"):
+        pytest.skip("sglang 0.5.23 is not fetched here: run `k3num fetch sglang`")
+    out = tmp_path / "repro"
+    subprocess.run([sys.executable, "-m", "pytest", K3N_008, "--engine", "sglang", "--repro-dir", str(out), "-q",
+                    "-p", "no:cacheprovider", "--hypothesis-profile=ci"], cwd=bisect.ROOT, capture_output=True)
+    bundle = sorted(out.glob("off_path_shape_within_budget-sglang-*.safetensors"))[0]
+    repo = tmp_path / "sglang-repo"
+    fixes.patched_tree(fixes.by_id("K3N-008"), repo)
+    pinned = fixes.patched_tree(fixes.Fix("none", "sglang", (), ("sglang",), ()), tmp_path / "pinned")
+    _git(repo, "init", "-q", "-b", "main")
+    shas = {}
+    for name, msg, change in (
+        ("c0", "attn_residual: route the model's aggregation through the dispatcher", None),
+        ("c1", "docs: a note", lambda: (repo / "NOTES.md").write_text("a note\n")),
+        ("c2", "attn_residual: call the fused kernel directly again",
+         lambda: shutil.copyfile(pinned / fixes.SGLANG_ATTN, repo / fixes.SGLANG_ATTN)),
+        ("c3", "docs: another note", lambda: (repo / "NOTES.md").write_text("another note\n")),
+    ):
+        if change is not None:
+            change()
+        _git(repo, "add", "-A")
+        _git(repo, "commit", "-q", "-m", msg)
+        shas[name] = _git(repo, "rev-parse", "HEAD")
+    rc = cli.main(["bisect", "--engine", "sglang", "--repo", str(repo), "--good", shas["c0"], "--bad", shas["c3"],
+                   "--bundle", str(bundle)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert f"first bad commit: {shas['c2']} attn_residual: call the fused kernel directly again" in text

@@ -80,6 +80,18 @@ def test_gate_leaves_exact_contracts_to_their_properties_and_says_when_a_group_i
     assert v.to_dict() == {"a": "ok", "b": "exact", "c": "no history"}
 
 
+def test_gate_judges_drift_without_the_ledgers_known_divergences():
+    """A strict xfail's records stop at its first failure, so their ratios come and go: they are not drift."""
+    plain = np.full(40, 0.3)
+    past = [_run(pd.concat([_frame(plain), _frame(np.array([5.0]), ledger="K3N-004", verdict="fail")]), 0),
+            _run(_frame(np.full(3, 9.0), subject="k", ledger="K3N-004", verdict="fail"), 1)]
+    new = _run(pd.concat([_frame(plain), _frame(np.array([0.9, 80.0, 300.0]), ledger="K3N-004", verdict="fail"),
+                          _frame(np.full(3, 90.0), subject="k", ledger="K3N-004", verdict="fail")]), 2)
+    v = hist.gate(past, new).set_index("subject")
+    assert v.loc["s", "verdict"] == "ok" and v.loc["s", "records"] == 40
+    assert v.loc["k", "verdict"] == "ledger"
+
+
 def test_gate_compares_only_runs_of_the_same_profile_and_device():
     past = [_run(_frame(np.full(50, 0.1)), 0, profile="ci"), _run(_frame(np.full(50, 0.1)), 1, device="gpu")]
     v = hist.gate(past, _run(_frame(np.full(50, 0.9)), 2, profile="nightly"))

@@ -30,6 +30,8 @@
 #                  job fails on a ratio drift beyond the history's noise, and on an empty history
 #   K3NUM_REPRO_ALL  1: --repro-dir OUT_DIR/repro --repro-all (the report's worst cases then replay from
 #                  their bundles; each subject call's inputs are cloned for it)
+#   K3NUM_NIGHTLY_DEVICE  cuda (default) or cpu: the same loop on a machine without a GPU (the
+#                  gpu-marked properties then skip; tests/test_nightly_loop.py runs it so in CI)
 # CUDA_VISIBLE_DEVICES, when set, lists the GPUs to use. Runs with the python on PATH (a GPU box has
 # torch with CUDA; no venv is created). Exits non-zero when the run failed; the log stays in OUT_DIR.
 set -euo pipefail
@@ -49,7 +51,12 @@ except ValueError as e:
     sys.exit(f"gpu_nightly: K3NUM_SANITIZE: {e}")
 PY
 fi
-python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device: the nightly GPU job needs one')"
+device=${K3NUM_NIGHTLY_DEVICE:-cuda}
+case $device in
+    cuda) python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device: the nightly GPU job needs one (K3NUM_NIGHTLY_DEVICE=cpu runs the same loop on the CPU)')" ;;
+    cpu) ;;
+    *) echo "gpu_nightly: K3NUM_NIGHTLY_DEVICE=$device: cuda or cpu"; exit 2 ;;
+esac
 history=${K3NUM_HISTORY:-}
 if [ -n "$history" ]; then  # a history that cannot be written is refused before hours of properties
     python -m engines.cli report --history "$history" --check || exit 2
@@ -72,13 +79,14 @@ start=$SECONDS
 n=$workers
 [ "$n" = auto ] && n=$(python -c "import os, torch
 from engines import scaleout
-g = scaleout.visible_gpus(os.environ.get('CUDA_VISIBLE_DEVICES'), torch.cuda.device_count())
-print(scaleout.auto_workers(len(g), os.environ['K3NUM_WORKERS_PER_GPU']))")
+g = scaleout.visible_gpus(os.environ.get('CUDA_VISIBLE_DEVICES'), torch.cuda.device_count()) \
+    if torch.cuda.is_available() else []
+print(scaleout.auto_workers(len(g), os.environ['K3NUM_WORKERS_PER_GPU']) or os.cpu_count())")
 threads=$(( $(nproc) / n )); [ "$threads" -ge 1 ] || threads=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads}
 status=0
 ${limit:+timeout -s INT -k 60 "$limit"} python -m pytest "${suite[@]}" --engine "${engines// /,}" \
-    -n "$workers" --dist "${K3NUM_DIST:-worksteal}" --device cuda --hypothesis-profile="$profile" \
+    -n "$workers" --dist "${K3NUM_DIST:-worksteal}" --device "$device" --hypothesis-profile="$profile" \
     -p no:cacheprovider -o junit_suite_name=k3num --durations=15 --drift-csv "$out/drift.csv" \
     --junitxml "$out/junit.xml" "${repro[@]}" "$@" > "$out/pytest.log" 2>&1 || status=$?
 [ "$status" -eq 124 ] && echo "gpu_nightly: interrupted at the ${limit} s limit (the CSV holds the tests that finished)"

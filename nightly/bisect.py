@@ -57,8 +57,7 @@ class Outcome:
     verdicts: dict[str, str] = field(default_factory=dict)  # commit -> good/bad/skip, in test order
 
 
-def search(commits: list[str], judge: Callable[[str], str], good: str,
-           log: Callable[[str], None] = print) -> Outcome:
+def search(commits: list[str], judge: Callable[[str], str], log: Callable[[str], None] = print) -> Outcome:
     """git bisect over `commits` (oldest first; the last is bad), `judge(commit)` -> good/bad/skip."""
     verdicts: dict[str, str] = {}
 
@@ -148,7 +147,7 @@ def bisect(repo: Path, engine: str, good: str, bad: str, judge_tree: Callable[[P
             log(f"[bisect] {rev[:12]} (--{want}): {v}")
             if v != want:
                 raise BisectError(f"--{want} {rev[:12]} judges {v}, not {want}: nothing to bisect")
-        out = search(commits, judge, g, log=log)
+        out = search(commits, judge, log=log)
         out.verdicts = {g: GOOD, b: BAD, **out.verdicts}
     git(repo, "worktree", "prune")
     return out

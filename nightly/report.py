@@ -130,6 +130,12 @@ def _plt():
     return plt
 
 
+def _save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=90)
+    _plt().close(fig)
+    return path
+
+
 def plot_ratios(runs: Sequence[dict], out: Path, max_runs: int = 60) -> list[Path]:
     """One PNG per (engine, subject): a box per run of each property's ratio distribution."""
     plt = _plt()
@@ -164,10 +170,7 @@ def plot_ratios(runs: Sequence[dict], out: Path, max_runs: int = 60) -> list[Pat
         # fixed margins instead of tight_layout, which measures every label (most of the time of a report)
         fig.subplots_adjust(left=0.1, right=0.98, top=1 - 0.3 / len(props), bottom=0.75 / (2.4 * len(props)) + 0.1,
                             hspace=0.9)
-        p = out / f"ratio-{_slug(engine, subject)}.png"
-        fig.savefig(p, dpi=90)
-        plt.close(fig)
-        paths.append(p)
+        paths.append(_save(fig, out / f"ratio-{_slug(engine, subject)}.png"))
     return paths
 
 
@@ -205,10 +208,7 @@ def plot_err_vs_len(runs: Sequence[dict], out: Path) -> list[Path]:
         ax.set_title(f"{engine} {subject}: error against reduction length (latest run)", fontsize=9)
         ax.legend(fontsize=6, loc="upper left")  # a fixed place: "best" searches every point
         fig.subplots_adjust(left=0.12, right=0.98, top=0.92, bottom=0.12)
-        p = out / f"err-vs-len-{_slug(engine, subject)}.png"
-        fig.savefig(p, dpi=90)
-        plt.close(fig)
-        paths.append(p)
+        paths.append(_save(fig, out / f"err-vs-len-{_slug(engine, subject)}.png"))
     return paths
 
 
@@ -228,10 +228,7 @@ def plot_nondeterminism(runs: Sequence[dict], out: Path) -> list[Path]:
     ax.set_title("nondeterminism (repeat properties)", fontsize=9)
     ax.legend(fontsize=6, loc="upper left")
     fig.subplots_adjust(left=0.1, right=0.98, top=0.9, bottom=0.14)
-    p = out / "nondeterminism.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    return [p]
+    return [_save(fig, out / "nondeterminism.png")]
 
 
 # ---- the report ---------------------------------------------------------------------------------

@@ -63,14 +63,14 @@ def engine_repo(tmp_path_factory) -> tuple[Path, dict[str, str]]:
 def test_search_steps_around_a_skipped_revision_like_git_bisect():
     commits = ["c1", "c2", "c3", "c4", "c5"]
     truth = {"c1": "good", "c2": "skip", "c3": "good", "c4": "bad", "c5": "bad"}
-    out = bisect.search(commits, truth.__getitem__, "c0", log=lambda s: None)
+    out = bisect.search(commits, truth.__getitem__, log=lambda s: None)
     assert out.first_bad == ["c4"]
     assert out.verdicts["c2"] == "skip"
 
 
 def test_search_names_every_candidate_when_skips_hide_the_first_bad_commit():
     truth = {"c1": "good", "c2": "skip", "c3": "bad"}
-    out = bisect.search(["c1", "c2", "c3"], truth.__getitem__, "c0", log=lambda s: None)
+    out = bisect.search(["c1", "c2", "c3"], truth.__getitem__, log=lambda s: None)
     assert out.first_bad == ["c2", "c3"]
 
 

@@ -37,9 +37,9 @@ def main() -> int:
     args = ap.parse_args()
     import pandas as pd
 
-    from engines import base, registry
-    from engines.mirror.context_kv import rope_cache
-    from refmodel import geometry
+    from k3num.engines import base, registry
+    from k3num.engines.mirror.context_kv import rope_cache
+    from k3num.refmodel import geometry
 
     if not torch.cuda.is_available():
         print("context_kv_speed: needs a CUDA device", file=sys.stderr)

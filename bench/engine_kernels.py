@@ -49,7 +49,7 @@ def main() -> None:
         import os
 
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    from engines import base, registry
+    from k3num.engines import base, registry
 
     t, h, nb, bf = args.tokens, args.hidden, 8, 2
     g = torch.Generator(device=device).manual_seed(0)

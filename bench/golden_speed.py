@@ -18,9 +18,9 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from bench.timing import median_seconds  # noqa: E402
-from fixtures import golden  # noqa: E402
-from refmodel import attn_res as ref  # noqa: E402
-from refmodel import geometry, mla  # noqa: E402
+from k3num.fixtures import golden  # noqa: E402
+from k3num.refmodel import attn_res as ref  # noqa: E402
+from k3num.refmodel import geometry, mla  # noqa: E402
 
 
 def _up(t: torch.Tensor) -> torch.Tensor:

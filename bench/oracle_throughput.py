@@ -29,9 +29,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.timing import median_seconds  # noqa: E402
-from fixtures.tensors import Draw  # noqa: E402
-from oracles import budgets  # noqa: E402
-from refmodel import attn_res, geometry, mla, partial_projection  # noqa: E402
+from k3num.fixtures.tensors import Draw  # noqa: E402
+from k3num.oracles import budgets  # noqa: E402
+from k3num.refmodel import attn_res, geometry, mla, partial_projection  # noqa: E402
 
 
 def _profile(fn: Callable[[], object], device: torch.device) -> None:

@@ -26,8 +26,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from oracles import history as hist  # noqa: E402
-from oracles.drift import COLUMNS  # noqa: E402
+from k3num.oracles import history as hist  # noqa: E402
+from k3num.oracles.drift import COLUMNS  # noqa: E402
 
 
 def make_run(rows: int, groups: int, rng: np.random.Generator) -> pd.DataFrame:
@@ -84,7 +84,7 @@ def main() -> int:
                                        '"device_name": "NVIDIA H200", "harness_commit": "bench"}')
         before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         t1 = time.perf_counter()
-        r = subprocess.run([sys.executable, "-m", "engines.cli", "report", "--history", str(h), "--gate",
+        r = subprocess.run([sys.executable, "-m", "k3num.harness.cli", "report", "--history", str(h), "--gate",
                             "--out", str(Path(tmp) / "report"), str(csv)], cwd=ROOT, capture_output=True, text=True)
         wall = time.perf_counter() - t1
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss

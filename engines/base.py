@@ -98,7 +98,7 @@ class Engine:
     """An implementation under test.
 
     mode: how its code runs ("reference" for our mirror; "import", "source-gpu",
-    "source-interpreter", "source-lifted" for real engines; engines.installed says
+    "source-interpreter", "source-lifted" for real engines; supply.installed says
     when import mode is taken). mode_note: why a real engine is not in import mode
     ("" when it is, or for the mirror). real_ops: which compiled ops were the
     engine's own and which were stand-ins ("" when none are involved). source_sha256: subject name ->

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from engines.base import Engine
+from k3num.engines.base import Engine
+from k3num.supply import EngineUnavailable
+
+__all__ = ["EngineUnavailable", "register", "defaults", "known", "get", "built", "build"]
 
 Factory = Callable[[], Engine]
 _FACTORIES: dict[str, Factory] = {}
 DEFAULT_ENGINES: list[str] = ["mirror"]
-
-
-class EngineUnavailable(RuntimeError):
-    """An engine cannot be built here (missing source, wrong version, ...)."""
 
 
 def register(name: str, factory: Factory, *, default: bool = False) -> None:
@@ -65,16 +64,16 @@ def build(name: str) -> Engine:
 
 # the real engines: registry name -> (adapter module, factory); built only when first asked for
 _REAL = {
-    "vllm": ("engines.vllm_adapter", "build"),
-    "vllm-rocm": ("engines.vllm_adapter", "build_rocm"),
-    "tokenspeed": ("engines.tokenspeed_engine", "build"),
-    "sglang": ("engines.sglang_engine", "build"),
+    "vllm": ("k3num.engines.vllm_adapter", "build"),
+    "vllm-rocm": ("k3num.engines.vllm_adapter", "build_rocm"),
+    "tokenspeed": ("k3num.engines.tokenspeed_engine", "build"),
+    "sglang": ("k3num.engines.sglang_engine", "build"),
 }
 
 
 def _load_builtin() -> None:
     if "mirror" not in _FACTORIES:
-        from engines import mirror
+        from k3num.engines import mirror
 
         register("mirror", mirror.build)
     for name, (module, attr) in _REAL.items():
@@ -86,7 +85,7 @@ def _lazy(module: str, attr: str, pin: str) -> Factory:
     def factory() -> Engine:
         import importlib
 
-        from engines import fetch
+        from k3num.supply import fetch
 
         try:
             local = fetch.local_sources().get(pin)
@@ -95,7 +94,7 @@ def _lazy(module: str, attr: str, pin: str) -> Factory:
         missing = fetch.missing_files(pin)
         if local is not None and missing:
             raise EngineUnavailable(f"{pin}: the local tree {local} (K3NUM_ENGINE_SRC) lacks {missing}")
-        try:  # source mode checks the cache against its pins (engines.fetch.verified_manifest)
+        try:  # source mode checks the cache against its pins (supply.fetch.verified_manifest)
             return getattr(importlib.import_module(module), attr)()
         except fetch.FetchError as e:
             raise EngineUnavailable(str(e)) from e

@@ -1,6 +1,6 @@
 """SGLang 0.5.23's real code as subjects (BRIEF §4).
 
-Import mode (engines.installed: SGLang 0.5.23 installed, CUDA): the installed
+Import mode (supply.installed: SGLang 0.5.23 installed, CUDA): the installed
 modules' kernels and functions, the lifted DFlash methods with their module's
 globals; the layer objects the adapter passes in stay stand-ins (named in
 `real_ops`). Source mode otherwise:
@@ -28,8 +28,9 @@ from typing import Any, List, Tuple
 
 import torch
 
-from engines import base, fetch, installed, source, standins, triton_support
-from engines.registry import EngineUnavailable
+from k3num.engines import base, source, standins, triton_support
+from k3num.engines.registry import EngineUnavailable
+from k3num.supply import fetch, installed
 
 PIN = fetch.PINS["sglang"]
 UTILS_PY = "sglang/srt/disaggregation/utils.py"
@@ -178,7 +179,7 @@ def _draft_kv_subject(write: Any, kv_only: Any) -> Any:
 
     def draft_kv(ctx: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor, k_norm: torch.Tensor,
                  positions: torch.Tensor, rope: Any, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        from engines.mirror.context_kv import rope_cache
+        from k3num.engines.mirror.context_kv import rope_cache
 
         num_layers, width, _ = k_weight.shape
         d, n = k_norm.shape[1], ctx.shape[0]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from engines.mirror import context_kv as mirror_ckv
-from engines.mirror import projection as mirror_proj
+from k3num.engines.mirror import context_kv as mirror_ckv
+from k3num.engines.mirror import projection as mirror_proj
 
 
 class RMSNorm:

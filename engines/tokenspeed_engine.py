@@ -31,9 +31,10 @@ from typing import Any
 
 import torch
 
-from engines import base, fetch, installed, source, standins
-from engines.mirror.context_kv import rope_cache
-from engines.registry import EngineUnavailable
+from k3num.engines import base, source, standins
+from k3num.engines.mirror.context_kv import rope_cache
+from k3num.engines.registry import EngineUnavailable
+from k3num.supply import fetch, installed
 
 PIN = fetch.PINS["tokenspeed"]
 MODEL_PY = "tokenspeed/runtime/models/kimi_k3_dspark.py"

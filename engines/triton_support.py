@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from engines.registry import EngineUnavailable
+from k3num.engines.registry import EngineUnavailable
 
 # the extra of this project that installs triton (pyproject.toml)
 TRITON_EXTRA = "test"
@@ -25,7 +25,7 @@ TRITON_EXTRA = "test"
 
 def require_interpreter() -> None:
     """TRITON_INTERPRET must be set before triton is first imported (triton.language's own
-    jit helpers are decorated at import); the root conftest sets it on machines without CUDA."""
+    jit helpers are decorated at import); the pytest plugin (k3num.harness.plugin) sets it on machines without CUDA."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         if "triton" in sys.modules:
             raise EngineUnavailable(

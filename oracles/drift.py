@@ -1,6 +1,6 @@
 """The session-level drift collector: every Record of a run, written to CSV with pandas.
 
-`COLLECTOR.add(record)` is called by the properties; the root conftest writes
+`COLLECTOR.add(record)` is called by the properties; the pytest plugin (k3num.harness.plugin) writes
 the CSV (atomically: a temporary file in the target folder, then os.replace)
 when the session ends, and prints the worst err/budget ratio per engine and
 subject. Schema: the fields of oracles.records.Record, in order (documented
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from oracles.records import FAIL, Record
+from k3num.oracles.records import FAIL, Record
 
 COLUMNS = [f.name for f in fields(Record) if f.name != "extra"]
 # the text columns (an empty one reads back as "", not as a float NaN)
@@ -34,8 +34,8 @@ def read_csv(path: str | os.PathLike[str]) -> pd.DataFrame:
 class DriftCollector:
     def __init__(self) -> None:
         self.records: list[Record] = []
-        self.ledger = ""  # set by the root conftest while a ledger-listed case runs
-        self.node = ""  # the running test's node id, set by the root conftest
+        self.ledger = ""  # set by the pytest plugin (k3num.harness.plugin) while a ledger-listed case runs
+        self.node = ""  # the running test's node id, set by the pytest plugin (k3num.harness.plugin)
 
     def add(self, record: Record) -> Record:
         if self.ledger and not record.ledger:

@@ -1,7 +1,7 @@
 """The nightly's memory: one summary file per run, and the regression gate over them.
 
 A run is one drift CSV (oracles.drift; its schema is checked, `SchemaError` names what is missing)
-plus its sidecar `<csv stem>.meta.json` (root conftest: date, harness commit, profile, device name,
+plus its sidecar `<csv stem>.meta.json` (the plugin, k3num.harness.plugin: date, harness commit, profile, device name,
 command, examples per test). `summarize_run` reduces it to what the report and the gate read, per
 group (engine, subject, property, mode, device):
 
@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from oracles.drift import COLUMNS, read_csv
+from k3num.oracles.drift import COLUMNS, read_csv
 
 SCHEMA = 1
 GRID = np.linspace(0.0, 1.0, 101)  # the quantile levels a run keeps of each group's ratios
@@ -71,7 +71,7 @@ def read_run_csv(path: str | os.PathLike[str]) -> pd.DataFrame:
 
 
 def read_meta(csv: str | os.PathLike[str]) -> dict:
-    """The run sidecar the root conftest writes beside a drift CSV ({} when there is none)."""
+    """The run sidecar the pytest plugin (k3num.harness.plugin) writes beside a drift CSV ({} when there is none)."""
     p = meta_path(csv)
     if not p.exists():
         return {}

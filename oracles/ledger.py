@@ -67,7 +67,7 @@ LEDGER: tuple[Divergence, ...] = (
              "num_blocks 2: 7 of 200 calls over budget, 2 distinct outputs for one input); not seen in 200 calls "
              "at hidden 7168. The same input passes on a re-run (hypothesis: FlakyFailure). KimiK3DecoderLayer "
              "always writes at num_blocks, so the model's own calls are not affected. Fix shown on the H200 (run 19): "
-             "the barrier under HAS_DELTA or WRITE_BLOCK (engines/fixes.py)",
+             "the barrier under HAS_DELTA or WRITE_BLOCK (harness/fixes.py)",
         reproducer="AttnResCase(tokens=1, hidden=32, bank=2, num_blocks=2, block_write_idx=0, with_delta=False, "
                    "with_output_norm=False, seed=0, scale=0.01, outliers=30.0): ratio 139.7 on the first call, "
                    "within budget on the re-run (H200, triton 3.6.0); scripts/repro_attn_res_write_race.py counts it",
@@ -111,7 +111,7 @@ LEDGER: tuple[Divergence, ...] = (
              "source tile's layout for the prefix source. When the store lands between the two reads, the tile's "
              "prefix is read already updated and gets delta again: every wrong output equals a reference in which "
              "one or two 32-element segments of the prefix are bf16(bf16(p + d) + d). A tl.debug_barrier() before "
-             "the prefix store gives one output in 200 calls (engines/fixes.py, scripts/prove_fixes.py). "
+             "the prefix store gives one output in 200 calls (harness/fixes.py, scripts/prove_fixes.py). "
              "compute-sanitizer's racecheck reports no hazard (the race is on global memory, which it does not "
              "check). Needs the delta, the 4-source tile (fewer than 256 tokens, num_blocks >= 2); seen on the H200 "
              "only (a race; whether ROCm hardware's code generation reloads the prefix the same way needs AMD)",

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from oracles.budgets import Budget
-from oracles.metrics import compare
+from k3num.oracles.budgets import Budget
+from k3num.oracles.metrics import compare
 
 PASS, FAIL, INFO = "pass", "fail", "info"
 # set by properties.support under --repro-dir: each record then carries the compared tensors in

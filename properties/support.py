@@ -11,43 +11,25 @@ import torch
 from hypothesis import target
 from hypothesis.control import currently_in_test_context
 
-from engines.base import Engine, Subject, SubjectMissing
-from oracles.drift import COLLECTOR
-from oracles.metrics import describe_mismatch
-from oracles.records import FAIL, Record, failure_message
+from k3num.engines.base import Engine, Subject, SubjectMissing
+from k3num.fixtures import device
+from k3num.oracles.drift import COLLECTOR
+from k3num.oracles.metrics import describe_mismatch
+from k3num.oracles.records import FAIL, Record, failure_message
 
 LOW = torch.bfloat16  # the production storage dtype of every path here
 
 
-def _device() -> str:
-    """The device the small-shape properties put their tensors on: K3NUM_DEVICE (set by the root
-    conftest from --device), default cuda where CUDA is available (the engines' Triton kernels then
-    run natively and need CUDA tensors), else cpu. The K3-shape properties always use cuda."""
-    name = os.environ.get("K3NUM_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        kind = torch.device(name).type
-    except RuntimeError as e:
-        raise ValueError(f"K3NUM_DEVICE={name!r} is not a torch device ({e})") from e
-    if kind not in ("cpu", "cuda"):
-        raise ValueError(f"K3NUM_DEVICE={name!r}: the properties run on cpu or cuda")
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"K3NUM_DEVICE={name!r}: torch.cuda.is_available() is False on this machine")
-    if kind == "cpu" and torch.cuda.is_available():
-        raise ValueError(f"K3NUM_DEVICE={name!r} on a CUDA machine: the engines' Triton kernels run natively "
-                         "here and need CUDA tensors (the interpreter is chosen only where CUDA is absent)")
-    return name
+DEVICE = device.resolve()  # checked by the plugin before collection (--device)
 
 
-DEVICE = _device()
-
-
-# repro bundles (engines/repro.py): --repro-dir sets K3NUM_REPRO_DIR, --repro-all K3NUM_REPRO_ALL
+# repro bundles (harness/repro.py): --repro-dir sets K3NUM_REPRO_DIR, --repro-all K3NUM_REPRO_ALL
 REPRO_DIR = os.environ.get("K3NUM_REPRO_DIR", "")
 REPRO_ALL = os.environ.get("K3NUM_REPRO_ALL") == "1"
 _LAST: dict[str, tuple] = {}  # subject -> (cloned args, cloned kwargs, result, args, kwargs) of its last call
 _WORST: dict[tuple[str, str], float] = {}  # (property, engine) -> worst ratio bundled so far (--repro-all)
 if REPRO_DIR:
-    from oracles import records as _records
+    from k3num.oracles import records as _records
 
     _records.KEEP_TENSORS = True
 
@@ -84,7 +66,7 @@ def subject(engine: Engine, name: str) -> Subject:
 def _bundle(record: Record, tag: str) -> None:
     from pathlib import Path
 
-    from engines import repro
+    from k3num.harness import repro
 
     name = f"{record.property}-{record.engine}-{tag}.safetensors"
     meta = {k: getattr(record, k) for k in ("engine", "engine_version", "mode", "source_sha256", "subject",

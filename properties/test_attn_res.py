@@ -8,13 +8,13 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from engines import base
-from fixtures.builders import AttnResInputs, attn_res_inputs
-from fixtures.strategies import AttnResCase, attn_res_cases
-from oracles import budgets
-from oracles.records import judge
-from properties.support import DEVICE, LOW, assert_bitwise, report, round_storage, subject, up
-from refmodel import attn_res as ref
+from k3num.engines import base
+from k3num.fixtures.builders import AttnResInputs, attn_res_inputs
+from k3num.fixtures.strategies import AttnResCase, attn_res_cases
+from k3num.oracles import budgets
+from k3num.oracles.records import judge
+from k3num.properties.support import DEVICE, LOW, assert_bitwise, report, round_storage, subject, up
+from k3num.refmodel import attn_res as ref
 
 EPS, OUT_EPS = 1e-5, 1e-6
 # each write-inside-the-mix case is run this many times: the GPU race of K3N-004/005 shows on a

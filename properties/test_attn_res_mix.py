@@ -7,13 +7,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engines import base
-from fixtures.strategies import seeds
-from fixtures.tensors import Draw
-from oracles import budgets
-from oracles.records import judge
-from properties.support import DEVICE, LOW, call, report, subject, up
-from refmodel import attn_res as ref
+from k3num.engines import base
+from k3num.fixtures.strategies import seeds
+from k3num.fixtures.tensors import Draw
+from k3num.oracles import budgets
+from k3num.oracles.records import judge
+from k3num.properties.support import DEVICE, LOW, call, report, subject, up
+from k3num.refmodel import attn_res as ref
 
 EPS = 1e-5
 SUBJECTS = [base.ATTN_RES_MIX, base.ATTN_RES_MIX_TRITON, base.ATTN_RES_MIX_EAGER]

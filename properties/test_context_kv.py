@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 from hypothesis import given
 
-from engines import base
-from engines.mirror import context_kv as eager
-from fixtures.builders import CACHE_LAYOUTS, context_kv_inputs, paged_caches, same_views
-from fixtures.strategies import ContextKVCase, context_kv_cases
-from oracles import budgets
-from oracles.records import judge
-from properties.support import DEVICE, LOW, assert_bitwise, report, subject, up
-from refmodel import mla, rope
+from k3num.engines import base
+from k3num.engines.mirror import context_kv as eager
+from k3num.fixtures.builders import CACHE_LAYOUTS, context_kv_inputs, paged_caches, same_views
+from k3num.fixtures.strategies import ContextKVCase, context_kv_cases
+from k3num.oracles import budgets
+from k3num.oracles.records import judge
+from k3num.properties.support import DEVICE, LOW, assert_bitwise, report, subject, up
+from k3num.refmodel import mla, rope
 
 
 def _oracle(case: ContextKVCase, inp) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,13 +21,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engines.mirror.context_kv import rope_cache
-from fixtures.builders import CACHE_LAYOUTS, paged_caches, same_views
-from fixtures.strategies import seeds
-from oracles import budgets
-from oracles.records import judge
-from properties.support import DEVICE, LOW, assert_bitwise, report, up
-from refmodel import geometry, rmsnorm
+from k3num.engines.mirror.context_kv import rope_cache
+from k3num.fixtures.builders import CACHE_LAYOUTS, paged_caches, same_views
+from k3num.fixtures.strategies import seeds
+from k3num.oracles import budgets
+from k3num.oracles.records import judge
+from k3num.properties.support import DEVICE, LOW, assert_bitwise, report, up
+from k3num.refmodel import geometry, rmsnorm
 
 EPS = 1e-5
 

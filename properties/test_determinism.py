@@ -18,8 +18,8 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from engines import base
-from fixtures.builders import (
+from k3num.engines import base
+from k3num.fixtures.builders import (
     attn_res_inputs,
     context_kv_inputs,
     draft_kv_inputs,
@@ -27,7 +27,7 @@ from fixtures.builders import (
     projection_inputs,
     tap_inputs,
 )
-from fixtures.strategies import (
+from k3num.fixtures.strategies import (
     AttnResCase,
     attn_res_cases,
     context_kv_cases,
@@ -36,12 +36,12 @@ from fixtures.strategies import (
     seeds,
     tap_cases,
 )
-from fixtures.tensors import Draw
-from oracles import hunt
-from oracles.budgets import Budget
-from oracles.records import judge
-from properties.support import DEVICE, LOW, call, report, subject, up
-from properties.test_attn_res import K3N_004, K3N_005, K3N_007  # the ledger's race reproducers
+from k3num.fixtures.tensors import Draw
+from k3num.oracles import hunt
+from k3num.oracles.budgets import Budget
+from k3num.oracles.records import judge
+from k3num.properties.support import DEVICE, LOW, call, report, subject, up
+from k3num.properties.test_attn_res import K3N_004, K3N_005, K3N_007  # the ledger's race reproducers
 
 EPS, OUT_EPS = 1e-5, 1e-6
 Outputs = tuple[tuple[torch.Tensor, ...], tuple[str, ...]]

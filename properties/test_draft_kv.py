@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from hypothesis import given
 
-from engines import base
-from fixtures.builders import draft_kv_inputs
-from fixtures.strategies import DraftKVCase, draft_kv_cases
-from oracles import budgets
-from oracles.records import judge
-from properties.support import DEVICE, LOW, report, subject, up
-from refmodel import partial_projection as ref
-from refmodel import rope
+from k3num.engines import base
+from k3num.fixtures.builders import draft_kv_inputs
+from k3num.fixtures.strategies import DraftKVCase, draft_kv_cases
+from k3num.oracles import budgets
+from k3num.oracles.records import judge
+from k3num.properties.support import DEVICE, LOW, report, subject, up
+from k3num.refmodel import partial_projection as ref
+from k3num.refmodel import rope
 
 EPS = 1e-5
 

@@ -17,15 +17,15 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from engines import base
-from fixtures.builders import attn_res_inputs
-from fixtures.strategies import AttnResCase, seeds
-from oracles import hunt
-from oracles.drift import COLLECTOR
-from oracles.records import INFO, Record
-from properties.support import DEVICE, LOW, subject
-from properties.test_attn_res import EPS, OUT_EPS
-from properties.test_poisoned_memory import check_poisoned_attn_res, check_poisoned_mixture
+from k3num.engines import base
+from k3num.fixtures.builders import attn_res_inputs
+from k3num.fixtures.strategies import AttnResCase, seeds
+from k3num.oracles import hunt
+from k3num.oracles.drift import COLLECTOR
+from k3num.oracles.records import INFO, Record
+from k3num.properties.support import DEVICE, LOW, subject
+from k3num.properties.test_attn_res import EPS, OUT_EPS
+from k3num.properties.test_poisoned_memory import check_poisoned_attn_res, check_poisoned_mixture
 
 OFF_GRID_HIDDEN = [24, 40, 96, 100, 200, 1000, 1536]
 ODD_TOKENS = [1, 3, 5, 7] + ([255, 257] if torch.device(DEVICE).type == "cuda" else [])

@@ -6,14 +6,14 @@ import pytest
 import torch
 from hypothesis import example, given
 
-from engines import base
-from engines.mirror import projection as eager
-from fixtures.builders import ProjectionInputs, cancelling_projection_inputs, projection_inputs
-from fixtures.strategies import ProjectionCase, projection_cases
-from oracles import budgets
-from oracles.records import judge
-from properties.support import DEVICE, LOW, assert_bitwise, call, report, subject, up
-from refmodel import partial_projection as ref
+from k3num.engines import base
+from k3num.engines.mirror import projection as eager
+from k3num.fixtures.builders import ProjectionInputs, cancelling_projection_inputs, projection_inputs
+from k3num.fixtures.strategies import ProjectionCase, projection_cases
+from k3num.oracles import budgets
+from k3num.oracles.records import judge
+from k3num.properties.support import DEVICE, LOW, assert_bitwise, call, report, subject, up
+from k3num.refmodel import partial_projection as ref
 
 EPS = 1e-5
 TRANSFER = {"bf16": torch.bfloat16, "fp32": torch.float32}

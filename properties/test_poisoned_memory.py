@@ -18,19 +18,19 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from engines import base
-from engines.mirror import context_kv as eager
-from fixtures.builders import attn_res_inputs, context_kv_inputs
-from fixtures.strategies import AttnResCase, attn_res_cases, context_kv_cases, draft_kv_cases, seeds
-from fixtures.tensors import Draw
-from oracles import budgets, hunt
-from oracles.records import judge
-from properties.support import DEVICE, LOW, assert_bitwise, call, report, subject, up
-from properties.test_attn_res import EPS, FLAKY_REPEATS, K3N_007, OUT_EPS, attn_res_oracle
-from properties.test_attn_res_mix import mix_budget
-from properties.test_context_kv import _oracle as context_kv_oracle
-from properties.test_draft_kv import check_draft_kv_within_rounding_budget
-from refmodel import attn_res as ref
+from k3num.engines import base
+from k3num.engines.mirror import context_kv as eager
+from k3num.fixtures.builders import attn_res_inputs, context_kv_inputs
+from k3num.fixtures.strategies import AttnResCase, attn_res_cases, context_kv_cases, draft_kv_cases, seeds
+from k3num.fixtures.tensors import Draw
+from k3num.oracles import budgets, hunt
+from k3num.oracles.records import judge
+from k3num.properties.support import DEVICE, LOW, assert_bitwise, call, report, subject, up
+from k3num.properties.test_attn_res import EPS, FLAKY_REPEATS, K3N_007, OUT_EPS, attn_res_oracle
+from k3num.properties.test_attn_res_mix import mix_budget
+from k3num.properties.test_context_kv import _oracle as context_kv_oracle
+from k3num.properties.test_draft_kv import check_draft_kv_within_rounding_budget
+from k3num.refmodel import attn_res as ref
 
 
 def _nonfinite(t: torch.Tensor) -> str:

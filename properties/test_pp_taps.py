@@ -19,14 +19,14 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from engines import mirror
-from engines.base import PPTapPlan, StageRefused
-from fixtures.builders import attn_res_weights
-from fixtures.strategies import seeds
-from fixtures.tensors import Draw
-from oracles.drift import COLLECTOR
-from oracles.records import INFO, Record
-from properties.support import DEVICE, LOW, assert_bitwise
+from k3num.engines import mirror
+from k3num.engines.base import PPTapPlan, StageRefused
+from k3num.fixtures.builders import attn_res_weights
+from k3num.fixtures.strategies import seeds
+from k3num.fixtures.tensors import Draw
+from k3num.oracles.drift import COLLECTOR
+from k3num.oracles.records import INFO, Record
+from k3num.properties.support import DEVICE, LOW, assert_bitwise
 
 EPS = 1e-5
 

@@ -27,10 +27,10 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from fixtures.strategies import seeds
-from oracles.drift import COLLECTOR
-from oracles.records import INFO, Record
-from refmodel import quant
+from k3num.fixtures.strategies import seeds
+from k3num.oracles.drift import COLLECTOR
+from k3num.oracles.records import INFO, Record
+from k3num.refmodel import quant
 
 BLOCK = (quant.FP8_BLOCK, quant.FP8_BLOCK)
 K3_WIDTH = 576  # kv_lora_rank 512 + rope 64: 4.5 blocks of 128 rows

@@ -7,10 +7,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fixtures.strategies import checkpoint_streams
-from oracles import weight_contract as contract
-from oracles.drift import COLLECTOR
-from oracles.records import INFO, Record
+from k3num.fixtures.strategies import checkpoint_streams
+from k3num.oracles import weight_contract as contract
+from k3num.oracles.drift import COLLECTOR
+from k3num.oracles.records import INFO, Record
 
 NUM_LAYERS = 5  # K3 DSpark
 

@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-from refmodel import checks, rmsnorm
+from k3num.refmodel import checks, rmsnorm
 
 
 class NonFinalStageTapError(RuntimeError):

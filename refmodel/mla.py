@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from refmodel import checks, rmsnorm
-from refmodel import rope as rope_ops
-from refmodel.geometry import RopeSpec
+from k3num.refmodel import checks, rmsnorm
+from k3num.refmodel import rope as rope_ops
+from k3num.refmodel.geometry import RopeSpec
 
 
 def _norm_rope(

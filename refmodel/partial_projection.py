@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 import torch
 
-from refmodel import checks, rmsnorm
-from refmodel import rope as rope_ops
-from refmodel.geometry import RopeSpec
+from k3num.refmodel import checks, rmsnorm
+from k3num.refmodel import rope as rope_ops
+from k3num.refmodel.geometry import RopeSpec
 
 Stages = Sequence[Sequence[int]]
 

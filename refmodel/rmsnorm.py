@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from refmodel import checks
+from k3num.refmodel import checks
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

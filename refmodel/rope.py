@@ -15,8 +15,8 @@ import math
 
 import torch
 
-from refmodel import checks
-from refmodel.geometry import RopeSpec
+from k3num.refmodel import checks
+from k3num.refmodel.geometry import RopeSpec
 
 
 def _yarn_mscale(scale: float, mscale: float) -> float:

@@ -130,7 +130,7 @@ if want ops; then
     echo "== vLLM's CUDA ops: build, speed, properties"
     [ -f "$K3NUM_ENGINE_CACHE/vllm-0.33.0-csrc/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/vllm-0.33.0-csrc (carry it)"; exit 2; }
     t0=$(date +%s)
-    python -m engines.cli build-ops --jobs "$(nproc)" 2>&1 | tee "$out/build_ops.log"
+    python -m k3num.harness.cli build-ops --jobs "$(nproc)" 2>&1 | tee "$out/build_ops.log"
     ops=${PIPESTATUS[0]}
     echo "build-ops: exit $ops in $(( $(date +%s) - t0 )) s" | tee -a "$out/build_ops.log"
     if [ "$ops" -eq 0 ]; then

@@ -2,12 +2,12 @@
 # The nightly GPU job: the whole property suite on the GPU (small shapes with --device cuda,
 # and the gpu-marked properties at full K3 shapes) under a hypothesis profile, spread by
 # pytest-xdist over the visible GPUs (one worker per GPU, times K3NUM_WORKERS_PER_GPU; the
-# worker-to-GPU mapping is in conftest.py and engines/scaleout.py), then one drift CSV (the
+# worker-to-GPU mapping is in harness/plugin.py and harness/scaleout.py), then one drift CSV (the
 # controller merges the workers' records) and a summary table.
 #
 # Usage: scripts/gpu_nightly.sh [OUT_DIR] [extra pytest args]
 # Environment:
-#   K3NUM_PROFILE  hypothesis profile (default nightly; gpu-smoke, nightly-1k, ... see conftest.py)
+#   K3NUM_PROFILE  hypothesis profile (default nightly; gpu-smoke, nightly-1k, ... see harness/plugin.py)
 #   K3NUM_ENGINES  space- or comma-separated engines (default: every default engine)
 #   K3NUM_WORKERS  pytest-xdist's -n (default auto: one worker per visible GPU x K3NUM_WORKERS_PER_GPU)
 #   K3NUM_WORKERS_PER_GPU  workers sharing one GPU under -n auto (default 4: the K3-shape properties are
@@ -44,7 +44,7 @@ sanitize=${K3NUM_SANITIZE:-}
 if [ -n "$sanitize" ]; then  # refuse a bad tool name before hours of properties
     python - "$sanitize" <<'PY' || exit 2
 import sys
-from oracles import sanitizer
+from k3num.oracles import sanitizer
 try:
     sanitizer.check_tools(sys.argv[1])
 except ValueError as e:
@@ -59,13 +59,13 @@ case $device in
 esac
 history=${K3NUM_HISTORY:-}
 if [ -n "$history" ]; then  # a history that cannot be written is refused before hours of properties
-    python -m engines.cli report --history "$history" --check || exit 2
+    python -m k3num.harness.cli report --history "$history" --check || exit 2
 fi
 repro=() gate=()
 [ "${K3NUM_REPRO_ALL:-0}" = 1 ] && repro=(--repro-dir "$out/repro" --repro-all)
 [ "${K3NUM_GATE:-0}" = 1 ] && gate=(--gate)
 profile=${K3NUM_PROFILE:-nightly}
-engines=${K3NUM_ENGINES:-$(python -c "from engines import registry; print(' '.join(registry.defaults()))")}
+engines=${K3NUM_ENGINES:-$(python -c "from k3num.engines import registry; print(' '.join(registry.defaults()))")}
 engines=${engines//,/ }
 read -r -a suite <<< "${K3NUM_SUITE:-properties}"
 limit=${K3NUM_TIMEOUT:-${K3NUM_ENGINE_TIMEOUT:-}}
@@ -78,7 +78,7 @@ start=$SECONDS
 # the workers share the host's cores: each gets its share of torch's CPU threads, not all of them
 n=$workers
 [ "$n" = auto ] && n=$(python -c "import os, torch
-from engines import scaleout
+from k3num.harness import scaleout
 g = scaleout.visible_gpus(os.environ.get('CUDA_VISIBLE_DEVICES'), torch.cuda.device_count()) \
     if torch.cuda.is_available() else []
 print(scaleout.auto_workers(len(g), os.environ['K3NUM_WORKERS_PER_GPU']) or os.cpu_count())")
@@ -99,7 +99,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from oracles.drift import SM100_NOTE, covers_vllm_attn_res, summarize
+from k3num.oracles.drift import SM100_NOTE, covers_vllm_attn_res, summarize
 
 out = Path(sys.argv[1])
 if not (out / "drift.csv").exists():
@@ -114,7 +114,7 @@ if covers_vllm_attn_res(t):
 PY
 if [ -n "$history" ]; then
     set +e
-    python -m engines.cli report --history "$history" --out "$out/report" "${gate[@]}" "$out/drift.csv" \
+    python -m k3num.harness.cli report --history "$history" --out "$out/report" "${gate[@]}" "$out/drift.csv" \
         2>&1 | tee "$out/report.log"
     rrc=${PIPESTATUS[0]}
     set -e

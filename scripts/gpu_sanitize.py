@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import pandas as pd  # noqa: E402
 
-from oracles import sanitizer  # noqa: E402
+from k3num.oracles import sanitizer  # noqa: E402
 
 SKIPPED = 3
 OFF_PATH = ("K3N-009:num_blocks>bank", "K3N-008:H=1536,nvb=2")  # scripts/sanitize_subjects.py
@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     exe = shutil.which("compute-sanitizer")
     if exe is None:
-        why = "SKIPPED (not passed): compute-sanitizer is not on PATH (it ships with the CUDA toolkit, e.g. /usr/local/cuda/bin)"
+        why = ("SKIPPED (not passed): compute-sanitizer is not on PATH (it ships with the CUDA toolkit, e.g. "
+               "/usr/local/cuda/bin)")
         print(why)
         (args.out / "sanitizer.md").write_text(f"# compute-sanitizer\n\n{why}\n")
         pd.DataFrame([{"tool": t, "status": "skipped", "detail": why} for t in tools]).to_csv(
@@ -85,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
                          "seconds": "", "first_report": f.first_report})
     df = pd.DataFrame(rows)
     df.to_csv(args.out / "sanitizer.csv", index=False)
-    md = ["# compute-sanitizer over the kernel subjects", "", "```", df.drop(columns=["first_report"]).to_string(index=False),
-          "```", ""]
+    md = ["# compute-sanitizer over the kernel subjects", "", "```",
+          df.drop(columns=["first_report"]).to_string(index=False), "```", ""]
     for f in (r for r in rows if r["first_report"]):
         md.append(f"- **{f['tool']}** {f['subject']} `{f['kernel']}`: {f['first_report'][:300]}")
     (args.out / "sanitizer.md").write_text("\n".join(md) + "\n")

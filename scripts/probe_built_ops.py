@@ -15,7 +15,7 @@ import sys
 import torch
 
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])
-from engines import cuda_ops  # noqa: E402
+from k3num.supply import cuda_ops  # noqa: E402
 
 faulthandler.enable()
 so, why = cuda_ops.load()

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
-"""Show that each ledger finding's smallest fix turns its properties green (engines/fixes.py).
+"""Show that each ledger finding's smallest fix turns its properties green (harness/fixes.py).
 
 For each fix: the properties on the pinned engine (expected: xfailed, the ledger's strict xfail),
 then on a patched copy through --engine-src (expected: passed). Prints a table, writes it as CSV.
-With --mutants: the deliberately broken kernels (engines.fixes.TREE_MUTANTS) instead, each of which
+With --mutants: the deliberately broken kernels (harness.fixes.TREE_MUTANTS) instead, each of which
 must make its properties fail on the patched copy (the pinned run must pass).
 Usage: scripts/prove_fixes.py [--fix ID ...] [--profile P] [--out DIR] [--cpu-only] [--mutants]
 Exit 0 when every patched run passes and every pinned run fails as the ledger says (with --mutants:
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engines import fixes  # noqa: E402
+from k3num.harness import fixes  # noqa: E402
 
 
 def _pytest(fix: fixes.Fix, engine: str, profile: str, tree: Path | None) -> tuple[str, float, str]:
@@ -69,8 +69,8 @@ def main() -> int:
                          "pinned_s": f"{t_before:.0f}", "patched_s": f"{t_after:.0f}",
                          "verdict": ("caught" if good else "NOT CAUGHT") if args.mutants else
                          ("fixed" if good else "NOT SHOWN")})
-            print(f"   pinned: {before} ({t_before:.0f} s); patched: {after} ({t_after:.0f} s) -> {rows[-1]['verdict']}",
-                  flush=True)
+            print(f"   pinned: {before} ({t_before:.0f} s); patched: {after} ({t_after:.0f} s) -> "
+                  f"{rows[-1]['verdict']}", flush=True)
     with open(args.out / "fixes.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["fix"])
         w.writeheader()

@@ -30,10 +30,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    from engines import base, registry
-    from fixtures.strategies import AttnResCase
-    from oracles import hunt
-    from properties.test_determinism import _attn_res
+    from k3num.engines import base, registry
+    from k3num.fixtures.strategies import AttnResCase
+    from k3num.oracles import hunt
+    from k3num.properties.test_determinism import _attn_res
 
     engine = registry.get(args.engine)
     fn = engine.subject(base.ATTN_RES)

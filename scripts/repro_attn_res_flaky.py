@@ -35,10 +35,10 @@ def main() -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import dataclasses
 
-    from engines import base, registry
-    from fixtures.builders import attn_res_inputs
-    from fixtures.strategies import AttnResCase
-    from properties.test_attn_res import EPS, OUT_EPS, check_attn_res_within_rounding_budget
+    from k3num.engines import base, registry
+    from k3num.fixtures.builders import attn_res_inputs
+    from k3num.fixtures.strategies import AttnResCase
+    from k3num.properties.test_attn_res import EPS, OUT_EPS, check_attn_res_within_rounding_budget
 
     found = AttnResCase(tokens=1, hidden=128, bank=4, num_blocks=4, block_write_idx=-1, with_delta=True,
                         with_output_norm=True, seed=0, scale=0.01, outliers=30.0)
@@ -94,12 +94,12 @@ def explain(engine, case, inp, seen: set[bytes]) -> str:
     prefix by the same kernel called without a delta, which is deterministic: no in-place store)."""
     import itertools
 
-    from engines import base
-    from properties.test_attn_res import EPS, OUT_EPS
+    from k3num.engines import base
+    from k3num.properties.test_attn_res import EPS, OUT_EPS
 
     nodelta = engine.subject(base.ATTN_RES)
     p, d = inp.prefix.float(), inp.delta.float()
-    from properties.support import round_storage
+    from k3num.properties.support import round_storage
 
     once = round_storage(engine, p + d)  # the platform's rounding (the interpreter truncates)
     twice = round_storage(engine, once.float() + d)
@@ -114,8 +114,8 @@ def explain(engine, case, inp, seen: set[bytes]) -> str:
                          case.block_write_idx, EPS, OUT_EPS)
             candidates[out.cpu().view(torch.int16).numpy().tobytes()] = combo
     matched = [candidates[o] for o in seen if o in candidates]
-    return (f"{len(matched)} of {len(seen)} distinct outputs equal the kernel without delta on a prefix with the delta added "
-            f"twice to 32-element segment(s) {sorted(matched)} (() = the right output)")
+    return (f"{len(matched)} of {len(seen)} distinct outputs equal the kernel without delta on a prefix with the delta "
+            f"added twice to 32-element segment(s) {sorted(matched)} (() = the right output)")
 
 
 if __name__ == "__main__":

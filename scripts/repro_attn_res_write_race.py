@@ -33,12 +33,12 @@ def main() -> None:
         import os
 
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    from engines import base, registry
-    from fixtures.builders import attn_res_inputs
-    from fixtures.strategies import AttnResCase
-    from properties.support import up
-    from properties.test_attn_res import EPS, OUT_EPS, mixture_budget
-    from refmodel import attn_res as ref
+    from k3num.engines import base, registry
+    from k3num.fixtures.builders import attn_res_inputs
+    from k3num.fixtures.strategies import AttnResCase
+    from k3num.properties.support import up
+    from k3num.properties.test_attn_res import EPS, OUT_EPS, mixture_budget
+    from k3num.refmodel import attn_res as ref
 
     rows = []
     #          tokens hidden bank nb write delta   what

@@ -18,11 +18,11 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from engines import base, registry  # noqa: E402
-from fixtures.strategies import AttnResCase, ContextKVCase, DraftKVCase, TapCase  # noqa: E402
-from oracles import hunt, sanitizer  # noqa: E402
-from properties.test_determinism import KERNEL_SUBJECTS, _attn_res  # noqa: E402
-from refmodel.geometry import RopeSpec  # noqa: E402
+from k3num.engines import base, registry  # noqa: E402
+from k3num.fixtures.strategies import AttnResCase, ContextKVCase, DraftKVCase, TapCase  # noqa: E402
+from k3num.oracles import hunt, sanitizer  # noqa: E402
+from k3num.properties.test_determinism import KERNEL_SUBJECTS, _attn_res  # noqa: E402
+from k3num.refmodel.geometry import RopeSpec  # noqa: E402
 
 ROPE = RopeSpec(rotary_dim=16, theta=10000.0, style="gptj")
 A = dict(scale=1.0, outliers=0.0)

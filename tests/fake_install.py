@@ -26,7 +26,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from engines import fetch
+from k3num.supply import fetch
 
 
 class _Placeholder(type):
@@ -104,13 +104,13 @@ SHIMS: dict[str, dict[str, str]] = {
             "from engines import standins\n"
             "def rms_norm(out, input, weight, epsilon):\n    standins.rms_norm_into(out, input, weight, epsilon)\n"
             "def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):\n"
-            "    from engines.vllm_engine import _rotary_embedding\n"
+            "    from k3num.engines.vllm_adapter.context_kv import _rotary_embedding\n"
             "    _rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)\n"
             "def concat_and_cache_mla_grouped(*args):\n"
             "    raise NotImplementedError('the fake install writes no caches')\n" + _FALLBACK),
         # the Eagle mixin whose method the ROCm tap calls through super(): the harness's stand-in
         "vllm/model_executor/models/interfaces.py": (
-            "from engines.vllm_engine import _mixin_maybe_add_hidden_state\n"
+            "from k3num.engines.vllm_adapter.aux_capture import _mixin_maybe_add_hidden_state\n"
             "class EagleModelMixin:\n    _maybe_add_hidden_state = _mixin_maybe_add_hidden_state\n" + _FALLBACK),
     },
     "sglang": {

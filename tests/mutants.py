@@ -16,11 +16,11 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from engines import base, mirror, registry, standins
-from engines.mirror import attn_res as m_attn
-from engines.mirror import context_kv as m_ckv
-from engines.mirror import projection as m_proj
-from refmodel.geometry import RopeSpec
+from k3num.engines import base, mirror, registry, standins
+from k3num.engines.mirror import attn_res as m_attn
+from k3num.engines.mirror import context_kv as m_ckv
+from k3num.engines.mirror import projection as m_proj
+from k3num.refmodel.geometry import RopeSpec
 
 
 def _unfused_q_not_discarded(x, fused_w, norm, pos, rope: RopeSpec, eps):
@@ -395,8 +395,8 @@ MUTANTS.update(HUNT_MUTANTS)
 
 def _pp_mutant(bug: str) -> Callable:
     """vLLM's real PP forward loop (engines/vllm_adapter/pp_forward.py) with one piece broken."""
-    from engines import fetch
-    from engines.vllm_adapter import pp_forward
+    from k3num.engines.vllm_adapter import pp_forward
+    from k3num.supply import fetch
 
     def relay_nothing(self, intermediate_tensors, output_intermediate_tensors):  # a middle stage drops upstream taps
         return output_intermediate_tensors
@@ -424,7 +424,7 @@ PP_MUTANTS = ("tap_not_relayed", "tap_slot_base_off_by_one", "tap_not_packed")
 
 def _block_fp8_loader(bug: str) -> Callable:
     """The mirror's merged block-FP8 loader with one piece broken."""
-    from engines.mirror import weights as m_weights
+    from k3num.engines.mirror import weights as m_weights
 
     def load(tensors, num_layers, block):
         bn, bk = block
@@ -456,7 +456,7 @@ def _block_fp8_loader(bug: str) -> Callable:
 
 def _nvfp4_first_global(tensors, num_layers):
     """Differing global scales accepted, the first shard's used for all."""
-    from engines.mirror import weights as m_weights
+    from k3num.engines.mirror import weights as m_weights
 
     first = next(t for name, t in tensors if name == "weight_global_scale")
     same = []

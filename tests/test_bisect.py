@@ -1,5 +1,5 @@
 """`k3num bisect` on a git repository built from the fetched pinned vLLM files, with a commit that
-introduces a known kernel mutant (engines.fixes' unmasked load), one that removes the engine's files
+introduces a known kernel mutant (harness.fixes' unmasked load), one that removes the engine's files
 (skipped), and unrelated ones."""
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from engines import cli, fetch, fixes
-from nightly import bisect
+from k3num.harness import cli, fixes
+from k3num.harness.nightly import bisect
+from k3num.supply import fetch
 
+ROOT = Path(__file__).resolve().parents[1]
 KEXPR = "test_attn_res_off_path_shapes_within_budget_or_refused"
 
 
@@ -106,13 +108,13 @@ K3N_008 = "properties/test_off_path_shapes.py::test_model_aggregation_off_grid_h
 
 
 def test_bisect_by_a_repro_bundle_finds_the_commit_that_reverted_a_fix(tmp_path, capsys):
-    """SGLang: c0 carries the K3N-008 fix (engines.fixes), c1 is unrelated, c2 reverts the fix (the pinned
+    """SGLang: c0 carries the K3N-008 fix (harness.fixes), c1 is unrelated, c2 reverts the fix (the pinned
     release's file), c3 is unrelated; the K3N-008 bundle replays PASS on c0 and FAIL from c2 on."""
     if fetch.missing_files("sglang"):
         pytest.skip("sglang 0.5.23 is not fetched here: run `k3num fetch sglang`")
     out = tmp_path / "repro"
     subprocess.run([sys.executable, "-m", "pytest", K3N_008, "--engine", "sglang", "--repro-dir", str(out), "-q",
-                    "-p", "no:cacheprovider", "--hypothesis-profile=ci"], cwd=bisect.ROOT, capture_output=True)
+                    "-p", "no:cacheprovider", "--hypothesis-profile=ci"], cwd=ROOT, capture_output=True)
     bundle = sorted(out.glob("off_path_shape_within_budget-sglang-*.safetensors"))[0]
     repo = tmp_path / "sglang-repo"
     fixes.patched_tree(fixes.by_id("K3N-008"), repo)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from engines import fetch, registry
+from k3num.engines import registry
+from k3num.supply import fetch
 
 FILES = {"toy/kernel.py": "def k(x):\n    return 2 * x\n", "toy/model.py": "LAYERS = 5\n"}
 

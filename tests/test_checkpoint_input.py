@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from fixtures import checkpoint as ckpt
+from k3num.fixtures import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[1]
 KV1 = ckpt.kv_name(1, "weight")

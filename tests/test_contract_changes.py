@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from engines import base, fetch, registry
-from engines.vllm_adapter import AMD_ATTN_RES_PY, ATTN_RES_PY, DSPARK_PY, MODEL_PY
+from k3num.engines import base, registry
+from k3num.engines.vllm_adapter import AMD_ATTN_RES_PY, ATTN_RES_PY, DSPARK_PY, MODEL_PY
+from k3num.supply import fetch
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engines import cuda_ops, fetch
+from k3num.supply import cuda_ops, fetch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -152,12 +152,14 @@ def test_without_cuda_the_build_is_refused_and_the_mode_says_why() -> None:
     with pytest.raises(cuda_ops.BuildError, match="no CUDA device"):
         cuda_ops.build(log=lambda _: None)
     assert cuda_ops.load() == (None, "no CUDA device: the ops are CUDA kernels (torch.cuda.is_available() is False)")
-    proc = subprocess.run([sys.executable, "-m", "engines.cli", "build-ops"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "k3num.harness.cli", "build-ops"], cwd=ROOT, capture_output=True,
+                          text=True)
     assert proc.returncode == 1 and "[build-ops] ERROR: no CUDA device" in proc.stderr
 
 
 def test_the_cli_lists_every_subcommand() -> None:
-    proc = subprocess.run([sys.executable, "-m", "engines.cli", "--help"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "k3num.harness.cli", "--help"], cwd=ROOT, capture_output=True,
+                          text=True)
     assert proc.returncode == 0 and "fetch" in proc.stdout and "build-ops" in proc.stdout
 
 

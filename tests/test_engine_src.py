@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from engines import fetch, registry
+from k3num.engines import registry
+from k3num.supply import fetch
 
 ROOT = Path(__file__).resolve().parents[1]
 UTILS = "sglang/srt/disaggregation/utils.py"

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engines import fetch, source
+from k3num.engines import source
+from k3num.supply import fetch
 
 
 def _wheel(directory: Path, dist: str, version: str, files: dict[str, str]) -> Path:

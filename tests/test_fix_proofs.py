@@ -1,4 +1,4 @@
-"""The ledger's fixes (engines/fixes.py): the ones whose failure shows on a CPU turn their properties
+"""The ledger's fixes (harness/fixes.py): the ones whose failure shows on a CPU turn their properties
 green on a patched copy here (the GPU ones are shown on the H200: docs/gpu-run.md); a fix whose
 anchor is gone is refused naming the file."""
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engines import fetch, fixes
+from k3num.harness import fixes
+from k3num.supply import fetch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,7 +49,7 @@ def test_a_fix_whose_anchor_is_gone_is_refused_naming_the_file() -> None:
 
 
 def test_the_cpu_visible_kernel_mutant_is_caught(tmp_path: Path) -> None:
-    """An unmasked load (engines.fixes.TREE_MUTANTS): the off-path property's guard bands see it."""
+    """An unmasked load (harness.fixes.TREE_MUTANTS): the off-path property's guard bands see it."""
     r = subprocess.run([sys.executable, "scripts/prove_fixes.py", "--mutants", "--cpu-only", "--out", str(tmp_path)],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from fixtures import golden
-from refmodel import attn_res as ref
-from refmodel import geometry, mla
+from k3num.fixtures import golden
+from k3num.refmodel import attn_res as ref
+from k3num.refmodel import geometry, mla
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,7 +91,7 @@ def test_a_manifest_mismatch_is_refused_naming_the_file(sets, tmp_path: Path, ch
 
 def test_the_cli_refuses_an_unknown_preset_and_a_non_empty_directory(tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "engines.cli", "golden", "write", *args], cwd=ROOT,
+        return subprocess.run([sys.executable, "-m", "k3num.harness.cli", "golden", "write", *args], cwd=ROOT,
                               capture_output=True, text=True)
 
     r = run("--preset", "k3-nothing", "--cases", "2", "--out", str(tmp_path / "a"))

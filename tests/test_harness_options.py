@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from oracles import ledger
-from properties import support
+from k3num.fixtures import device
+from k3num.oracles import ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,14 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_an_unusable_k3num_device_is_refused_with_its_name(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv("K3NUM_DEVICE", value)
     with pytest.raises(ValueError, match="K3NUM_DEVICE"):
-        support._device()
+        device.resolve()
 
 
 def test_k3num_device_defaults_to_the_machines_device(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
     monkeypatch.delenv("K3NUM_DEVICE", raising=False)
-    assert support._device() == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert device.resolve() == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def test_device_option_refuses_what_this_machine_cannot_run() -> None:
@@ -59,9 +59,9 @@ def test_ledger_entries_name_tests_that_exist() -> None:
 
 KILLED_RUN = '''
 import os, signal
-from properties.support import report
-from oracles.records import judge
-from oracles.budgets import Budget
+from k3num.properties.support import report
+from k3num.oracles.records import judge
+from k3num.oracles.budgets import Budget
 import torch
 
 class E:

@@ -1,4 +1,4 @@
-"""The nightly's history, report and regression gate (oracles/history.py, nightly/report.py,
+"""The nightly's history, report and regression gate (oracles/history.py, harness/nightly/report.py,
 `k3num report`): proven both ways on real runs of the property suite and on synthetic histories."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from engines import cli, fetch, fixes
-from oracles import history as hist
-from oracles.drift import COLUMNS
+from k3num.harness import cli, fixes
+from k3num.oracles import history as hist
+from k3num.oracles.drift import COLUMNS
+from k3num.supply import fetch
 
 ROOT = Path(__file__).resolve().parents[1]
 PROPERTY = "properties/test_partial_projection.py::test_unsharded_projection_within_rounding_budget_of_oracle"
@@ -211,7 +212,7 @@ def test_gate_on_real_runs_is_quiet_for_one_source_and_fires_on_a_drift_within_b
 
 def test_gate_on_real_engine_runs_fires_on_a_drifting_tokenspeed_tree(tmp_path):
     """The same proof on TokenSpeed 0.1.1's own project_target_hidden: the pinned files three times (the
-    history) and once more (no alarm); then the tree of engines.fixes' split-context-projection drift
+    history) and once more (no alarm); then the tree of harness.fixes' split-context-projection drift
     through --engine-src (two bf16 GEMMs over the halves of the taps; every example passes): alarm."""
     if not fetch.verified_manifest("tokenspeed"):
         pytest.skip("tokenspeed is not fetched (k3num fetch tokenspeed)")

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from oracles import hunt
+from k3num.oracles import hunt
 
 
 @pytest.mark.parametrize("p", [0.03, 0.1, 0.5, 0.8])

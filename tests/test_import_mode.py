@@ -1,4 +1,4 @@
-"""Import mode (engines.installed): when it is taken, why it is not, and what it binds.
+"""Import mode (supply.installed): when it is taken, why it is not, and what it binds.
 
 No machine here has the engines installed with their compiled ops, so the
 bound-from-the-installed-package half runs against `tests.fake_install`: the
@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from engines import base, fetch, installed, registry
-from fixtures.builders import context_kv_inputs, draft_kv_inputs, projection_inputs, tap_inputs
-from fixtures.strategies import ContextKVCase, DraftKVCase, ProjectionCase, TapCase
-from oracles.drift import COLLECTOR
-from refmodel.geometry import RopeSpec
+from k3num.engines import base, registry
+from k3num.fixtures.builders import context_kv_inputs, draft_kv_inputs, projection_inputs, tap_inputs
+from k3num.fixtures.strategies import ContextKVCase, DraftKVCase, ProjectionCase, TapCase
+from k3num.oracles.drift import COLLECTOR
+from k3num.refmodel.geometry import RopeSpec
+from k3num.supply import fetch, installed
 from tests.fake_install import TOPS, FakeInstall
 
 LOW = torch.bfloat16
@@ -94,7 +95,7 @@ def test_an_unknown_engine_mode_is_refused(clean_imports, monkeypatch) -> None:
 ])
 def test_each_precondition_of_import_mode_is_named_when_it_fails(clean_imports, monkeypatch, tmp_path, broken,
                                                                  why) -> None:
-    from engines import vllm_engine
+    from k3num.engines.vllm_adapter import common as vllm_engine
 
     kw: dict = {"version": "0.32.0"} if broken == "version" else {}
     if broken == "import":
@@ -157,7 +158,7 @@ def _run(engine: base.Engine, subject: str, make_args):
 @pytest.mark.parametrize("name", ["vllm", "vllm-rocm"])
 def test_import_mode_computes_what_source_mode_computes_from_the_same_vllm_files(clean_imports, monkeypatch,
                                                                                  tmp_path, name) -> None:
-    from engines import vllm_engine
+    from k3num.engines.vllm_adapter import common as vllm_engine
 
     src, imp = _both(tmp_path, monkeypatch, name)
     # attn_res is the installed module's own function. Its Triton kernel cannot run here: a file-backed
@@ -243,7 +244,7 @@ def test_import_mode_computes_what_source_mode_computes_from_the_same_tokenspeed
 def test_records_of_an_imported_engine_carry_import_mode_and_the_installed_files_sha256(clean_imports,
                                                                                          monkeypatch,
                                                                                          tmp_path) -> None:
-    from properties.test_context_kv import check_fused_within_budget_of_unfused
+    from k3num.properties.test_context_kv import check_fused_within_budget_of_unfused
 
     fake = _install(tmp_path, monkeypatch, "vllm")
     engine = registry.build("vllm")
@@ -255,7 +256,7 @@ def test_records_of_an_imported_engine_carry_import_mode_and_the_installed_files
     finally:
         del COLLECTOR.records[start:]
     assert rows
-    from engines.vllm_engine import DSPARK_PY, IMPORT_OPS
+    from k3num.engines.vllm_adapter import DSPARK_PY, IMPORT_OPS
 
     for row in rows:
         assert (row["engine"], row["engine_version"], row["mode"]) == ("vllm", "0.33.0", "import")

@@ -8,11 +8,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from oracles import budgets
-from oracles.budgets import Budget
-from oracles.drift import COLUMNS, DriftCollector
-from oracles.metrics import compare
-from oracles.records import FAIL, PASS, judge
+from k3num.oracles import budgets
+from k3num.oracles.budgets import Budget
+from k3num.oracles.drift import COLUMNS, DriftCollector
+from k3num.oracles.metrics import compare
+from k3num.oracles.records import FAIL, PASS, judge
 
 
 class _Engine:

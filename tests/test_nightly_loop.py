@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from oracles import history as hist
+from k3num.oracles import history as hist
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = "properties/test_partial_projection.py"

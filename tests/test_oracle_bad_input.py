@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fixtures.tensors import Draw
-from refmodel import attn_res, geometry, mla, partial_projection, quant, rmsnorm, rope
-from refmodel.geometry import RopeSpec
-from refmodel.transfer_plan import KVLayout, head_aware_plan
+from k3num.fixtures.tensors import Draw
+from k3num.refmodel import attn_res, geometry, mla, partial_projection, quant, rmsnorm, rope
+from k3num.refmodel.geometry import RopeSpec
+from k3num.refmodel.transfer_plan import KVLayout, head_aware_plan
 
 SPEC = RopeSpec(8, 50000.0, "gptj", None)
 d = Draw(0)

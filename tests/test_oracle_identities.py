@@ -14,12 +14,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fixtures.tensors import Draw
-from oracles import budgets
-from oracles.metrics import assert_bitwise_equal, assert_normwise_close
-from refmodel import attn_res as ar
-from refmodel import geometry, mla, partial_projection, rope
-from refmodel.geometry import RopeSpec, YarnScaling
+from k3num.fixtures.tensors import Draw
+from k3num.oracles import budgets
+from k3num.oracles.metrics import assert_bitwise_equal, assert_normwise_close
+from k3num.refmodel import attn_res as ar
+from k3num.refmodel import geometry, mla, partial_projection, rope
+from k3num.refmodel.geometry import RopeSpec, YarnScaling
 
 SPECS = [
     RopeSpec(8, 50000.0, "gptj", None),

@@ -7,10 +7,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fixtures.tensors import Draw
-from oracles.metrics import assert_bitwise_equal
-from refmodel import geometry, mla
-from refmodel.transfer_plan import KVLayout, flat_plan, head_aware_plan
+from k3num.fixtures.tensors import Draw
+from k3num.oracles.metrics import assert_bitwise_equal
+from k3num.refmodel import geometry, mla
+from k3num.refmodel.transfer_plan import KVLayout, flat_plan, head_aware_plan
 
 
 def test_k3_presets_carry_the_published_geometry() -> None:

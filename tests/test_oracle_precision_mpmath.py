@@ -15,10 +15,10 @@ import mpmath
 import pytest
 import torch
 
-from fixtures.tensors import Draw
-from oracles.metrics import assert_normwise_close
-from refmodel import attn_res, mla, partial_projection, rmsnorm, rope
-from refmodel.geometry import RopeSpec, YarnScaling
+from k3num.fixtures.tensors import Draw
+from k3num.oracles.metrics import assert_normwise_close
+from k3num.refmodel import attn_res, mla, partial_projection, rmsnorm, rope
+from k3num.refmodel.geometry import RopeSpec, YarnScaling
 
 mp = mpmath.mp
 REL = 1e-12  # the target; see the module docstring for why it is generous

@@ -22,11 +22,11 @@ import math
 import pytest
 import torch
 
-from fixtures.tensors import Draw
-from oracles import budgets
-from oracles.metrics import assert_normwise_close
-from refmodel import mla, rope
-from refmodel.geometry import RopeSpec, YarnScaling
+from k3num.fixtures.tensors import Draw
+from k3num.oracles import budgets
+from k3num.oracles.metrics import assert_normwise_close
+from k3num.refmodel import mla, rope
+from k3num.refmodel.geometry import RopeSpec, YarnScaling
 
 transformers = pytest.importorskip("transformers", reason="test extra: pip install -e .[test]")
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf_ds  # noqa: E402

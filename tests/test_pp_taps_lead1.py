@@ -11,10 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engines import base, fetch, registry
-from engines.base import PPTapPlan
-from fixtures.builders import attn_res_weights
-from fixtures.tensors import Draw
+from k3num.engines import base, registry
+from k3num.engines.base import PPTapPlan
+from k3num.fixtures.builders import attn_res_weights
+from k3num.fixtures.tensors import Draw
+from k3num.supply import fetch
 
 PLAN = PPTapPlan(6, (0, 2, 4, 6), (), 2, False)
 

@@ -14,11 +14,11 @@ import dataclasses
 import pytest
 import torch
 
-from engines import registry
-from fixtures.builders import ProjectionInputs, cancelling_projection_inputs, projection_inputs
-from fixtures.strategies import ProjectionCase
-from oracles.drift import COLLECTOR
-from properties.test_partial_projection import check_sharded_within_budget_of_unsharded
+from k3num.engines import registry
+from k3num.fixtures.builders import ProjectionInputs, cancelling_projection_inputs, projection_inputs
+from k3num.fixtures.strategies import ProjectionCase
+from k3num.oracles.drift import COLLECTOR
+from k3num.properties.test_partial_projection import check_sharded_within_budget_of_unsharded
 
 LOW = torch.bfloat16
 CASE = ProjectionCase(taps=2, tokens=4, hidden=64, hidden_out=32, stages=((0, 1),), order=(0,), seed=3,
@@ -50,7 +50,7 @@ def test_per_tap_rounding_of_tokenspeed_passes_with_its_declared_terms(tokenspee
 
 
 def test_declared_terms_still_catch_a_dropped_tap(tokenspeed) -> None:
-    from engines import base
+    from k3num.engines import base
 
     partial = tokenspeed.subject(base.STAGE_PARTIAL)
     dropping = dataclasses.replace(tokenspeed, subjects={**tokenspeed.subjects,

@@ -18,10 +18,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fixtures.tensors import Draw
-from oracles import budgets
-from oracles.metrics import assert_bitwise_equal, assert_normwise_close
-from refmodel import quant
+from k3num.fixtures.tensors import Draw
+from k3num.oracles import budgets
+from k3num.oracles.metrics import assert_bitwise_equal, assert_normwise_close
+from k3num.refmodel import quant
 
 
 def test_unpack_e2m1_matches_compressed_tensors_on_every_byte() -> None:

@@ -1,4 +1,4 @@
-"""Repro bundles (--repro-dir, engines/repro.py), `k3num replay` and `k3num repro`: a failing comparison
+"""Repro bundles (--repro-dir, harness/repro.py), `k3num replay` and `k3num repro`: a failing comparison
 writes a bundle that replays to the same verdict, and to a pass on a fixed tree."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from engines import fetch, fixes
+from k3num.harness import fixes
+from k3num.supply import fetch
 
 ROOT = Path(__file__).resolve().parents[1]
 K3N_008 = "properties/test_off_path_shapes.py::test_model_aggregation_off_grid_hidden_within_budget_or_refused"
@@ -46,17 +47,17 @@ def test_a_failing_comparison_writes_inputs_outputs_and_what_it_takes_to_replay(
 
 
 def test_replay_fails_on_the_pinned_engine_and_passes_on_the_fixed_tree(bundle: Path, tmp_path: Path) -> None:
-    bad = _run("-m", "engines.cli", "replay", str(bundle))
+    bad = _run("-m", "k3num.harness.cli", "replay", str(bundle))
     assert bad.returncode == 1 and bad.stdout.startswith("FAIL: off_path_shape_within_budget [sglang 0.5.23,"), bad
     tree = fixes.patched_tree(fixes.by_id("K3N-008"), tmp_path / "fixed")
-    good = _run("-m", "engines.cli", "replay", str(bundle), "--engine-src", f"sglang={tree}")
+    good = _run("-m", "k3num.harness.cli", "replay", str(bundle), "--engine-src", f"sglang={tree}")
     assert good.returncode == 0 and good.stdout.startswith("PASS:") and "0.5.23+local" in good.stdout, good
 
 
 def test_a_file_that_is_not_a_bundle_is_refused(tmp_path: Path) -> None:
     junk = tmp_path / "x.safetensors"
     junk.write_bytes(b"not safetensors")
-    r = _run("-m", "engines.cli", "replay", str(junk))
+    r = _run("-m", "k3num.harness.cli", "replay", str(junk))
     assert r.returncode == 2 and "not a repro bundle" in r.stderr
 
 
@@ -77,9 +78,9 @@ def test_passing_examples_write_nothing_and_repro_all_writes_each_propertys_wors
 def test_repro_writes_a_ledger_entrys_bundle_and_refuses_an_unknown_entry(tmp_path: Path) -> None:
     if fetch.missing_files("tokenspeed"):
         pytest.skip("tokenspeed 0.1.1 is not fetched here")
-    r = _run("-m", "engines.cli", "repro", "K3N-006", "--out", str(tmp_path))
+    r = _run("-m", "k3num.harness.cli", "repro", "K3N-006", "--out", str(tmp_path))
     assert r.returncode == 0 and "replay: k3num replay" in r.stdout
     bundle = next(tmp_path.glob("*.safetensors"))
-    assert _run("-m", "engines.cli", "replay", str(bundle)).returncode == 1
-    bad = _run("-m", "engines.cli", "repro", "K3N-999", "--out", str(tmp_path))
+    assert _run("-m", "k3num.harness.cli", "replay", str(bundle)).returncode == 1
+    bad = _run("-m", "k3num.harness.cli", "repro", "K3N-999", "--out", str(tmp_path))
     assert bad.returncode == 2 and "no ledger entry 'K3N-999'" in bad.stderr

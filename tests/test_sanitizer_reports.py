@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from oracles import sanitizer
+from k3num.oracles import sanitizer
 
 ROOT = Path(__file__).resolve().parents[1]
 P = sanitizer.PREFIX

@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from engines import scaleout
-from oracles.drift import COLUMNS, read_csv
+from k3num.harness import scaleout
+from k3num.oracles.drift import COLUMNS, read_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from engines import triton_support
-from engines.registry import EngineUnavailable
+from k3num.engines import triton_support
+from k3num.engines.registry import EngineUnavailable
 
 
 def test_without_triton_an_engine_is_unavailable_naming_the_package_and_the_extra(monkeypatch) -> None:
@@ -65,7 +65,8 @@ def test_the_index_helper_passes_plain_values_and_unwraps_one_element_handles() 
 @pytest.mark.parametrize("name", ["vllm", "vllm-rocm", "sglang"])
 def test_an_engine_without_triton_is_unavailable_with_the_reason_not_an_error(monkeypatch, name: str) -> None:
     """The root conftest turns EngineUnavailable into a skip carrying this message."""
-    from engines import fetch, registry
+    from k3num.engines import registry
+    from k3num.supply import fetch
 
     if fetch.missing_files(name.split("-")[0]):
         pytest.skip(f"{name} is not fetched here")

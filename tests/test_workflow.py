@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from engines import registry
+from k3num.engines import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import types
 
-from engines import base
-from engines.mirror import attn_res, context_kv, pp, projection, transfer, weights
+from k3num.engines import base
+from k3num.engines.mirror import attn_res, context_kv, pp, projection, transfer, weights
 
 VERSION = "0.1.0"
 
@@ -42,7 +42,7 @@ def build() -> base.Engine:
 
 
 def _context_kv_ops():
-    from engines.standins import ContextKVOps  # standins builds on the mirror's kernels
+    from k3num.engines.standins import ContextKVOps  # standins builds on the mirror's kernels
 
     return ContextKVOps()
 

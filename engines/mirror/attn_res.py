@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from engines.mirror.context_kv import acc_dtype
-from refmodel.attn_res import AttnResWeights, LayerWiring, NonFinalStageTapError
+from k3num.engines.mirror.context_kv import acc_dtype
+from k3num.refmodel.attn_res import AttnResWeights, LayerWiring, NonFinalStageTapError
 
 
 def attn_res(

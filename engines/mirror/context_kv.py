@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import torch
 
-from refmodel import rope as ref_rope
-from refmodel.geometry import RopeSpec
+from k3num.refmodel import rope as ref_rope
+from k3num.refmodel.geometry import RopeSpec
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:

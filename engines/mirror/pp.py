@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from engines.base import PPTapPlan
-from engines.mirror import attn_res as mirror
+from k3num.engines.base import PPTapPlan
+from k3num.engines.mirror import attn_res as mirror
 
 
 def standin_layer(i: int, block_size: int, weights: Any, scale: torch.Tensor, eps: float) -> Callable:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from engines.mirror.context_kv import acc_dtype, rope_cache, rotary
-from refmodel.geometry import RopeSpec
+from k3num.engines.mirror.context_kv import acc_dtype, rope_cache, rotary
+from k3num.refmodel.geometry import RopeSpec
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """vLLM 0.33.0's real K3 code as subjects (BRIEF §4): one module per bound subject.
 
-Import mode (engines.installed: vLLM 0.33.0 installed, CUDA, its compiled ops
+Import mode (supply.installed: vLLM 0.33.0 installed, CUDA, its compiled ops
 registered): the installed modules are bound, the lifted methods run with their
 own module's globals (the real `ops`, the real attn_res kernel), and only the
 server's runtime state is replaced (the pipeline group, the workspace manager;
@@ -42,13 +42,13 @@ from typing import Any
 
 import torch
 
-from engines import base, fetch, installed, source, triton_support
-from engines.registry import EngineUnavailable
-from engines.triton_support import require_interpreter, truncate_to_bf16
-from engines.vllm_adapter import pp_forward, quant_loading
-from engines.vllm_adapter.attn_res import _load_amd_attn_res, _load_attn_res
-from engines.vllm_adapter.aux_capture import _bind_capture, _bind_rocm_capture
-from engines.vllm_adapter.common import (
+from k3num.engines import base, source, triton_support
+from k3num.engines.registry import EngineUnavailable
+from k3num.engines.triton_support import require_interpreter, truncate_to_bf16
+from k3num.engines.vllm_adapter import pp_forward, quant_loading
+from k3num.engines.vllm_adapter.attn_res import _load_amd_attn_res, _load_attn_res
+from k3num.engines.vllm_adapter.aux_capture import _bind_capture, _bind_rocm_capture
+from k3num.engines.vllm_adapter.common import (
     AMD_ATTN_RES_PY,
     AMD_LINEAR_PY,
     ATTN_RES_PY,
@@ -65,8 +65,9 @@ from engines.vllm_adapter.common import (
     ROCM_STANDINS,
     UTILS_PY,
 )
-from engines.vllm_adapter.context_kv import BUILT_OPS, _bind_precompute, _built_ops, _RealContextKVOps
-from engines.vllm_adapter.weight_loading import _bind_weight_loading
+from k3num.engines.vllm_adapter.context_kv import BUILT_OPS, _bind_precompute, _built_ops, _RealContextKVOps
+from k3num.engines.vllm_adapter.weight_loading import _bind_weight_loading
+from k3num.supply import fetch, installed
 
 __all__ = ["build", "build_rocm", "CONTRACT", "contract_problems", "require_interpreter", "truncate_to_bf16",
            "ATTN_RES_PY", "AMD_ATTN_RES_PY", "MODEL_PY", "DSPARK_PY", "IMPORT_OPS", "BUILT_OPS", "OPS_SUFFIX"]

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from engines import source, triton_support
+from k3num.engines import source, triton_support
 
 
 def _triton() -> tuple[Any, Any]:

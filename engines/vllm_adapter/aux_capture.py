@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from engines import source
+from k3num.engines import source
 
 
 def _bind_capture(path: Path, namespace: dict[str, Any]) -> Any:

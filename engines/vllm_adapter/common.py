@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from engines import base, fetch
+from k3num.engines import base
+from k3num.supply import fetch
 
 PIN = fetch.PINS["vllm"]
 ATTN_RES_PY = "vllm/models/kimi_k3/nvidia/ops/attn_res.py"
@@ -26,7 +27,7 @@ ROCM_STANDINS = "stand-in: the Eagle mixin's _maybe_add_hidden_state (appends hi
 
 
 
-# the mode label of source-gpu with vLLM's compiled ops built here (engines.cuda_ops)
+# the mode label of source-gpu with vLLM's compiled ops built here (supply.cuda_ops)
 OPS_SUFFIX = "+ops"
 
 

@@ -11,10 +11,11 @@ from typing import Any
 
 import torch
 
-from engines import fetch, source, standins
-from engines.mirror.context_kv import rope_cache
-from engines.vllm_adapter.common import CUSTOM_OPS_PY, PER_LAYER_WRITE_STANDIN, STANDIN_OPS
-from refmodel.geometry import RopeSpec
+from k3num.engines import source, standins
+from k3num.engines.mirror.context_kv import rope_cache
+from k3num.engines.vllm_adapter.common import CUSTOM_OPS_PY, PER_LAYER_WRITE_STANDIN, STANDIN_OPS
+from k3num.refmodel.geometry import RopeSpec
+from k3num.supply import fetch
 
 # --- stand-ins for the compiled ops (engines.standins: fp32 math, one rounding) -----------------
 
@@ -179,7 +180,7 @@ def _built_ops(root: Path, interpret: bool) -> tuple[Any | None, str, str]:
     (None, stand-in label, why not)."""
     if interpret:
         return None, STANDIN_OPS, "no CUDA: the compiled ops cannot run here"
-    from engines import cuda_ops
+    from k3num.supply import cuda_ops
 
     so, why = cuda_ops.load()
     if so is None:

@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
-from engines import source
-from engines.base import PPTapPlan, StageRefused
-from engines.mirror.pp import standin_layer
+from k3num.engines import source
+from k3num.engines.base import PPTapPlan, StageRefused
+from k3num.engines.mirror.pp import standin_layer
 
 MODEL_PY = "vllm/models/kimi_k3/nvidia/model.py"
 AMD_LINEAR_PY = "vllm/models/kimi_k3/amd/linear.py"

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from engines import source
+from k3num.engines import source
 
 PARAMETER_PY = "vllm/model_executor/parameter.py"
 LINEAR_PY = "vllm/model_executor/layers/linear.py"

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from engines import source
-from engines.vllm_adapter.common import DSPARK_PY, UTILS_PY
+from k3num.engines import source
+from k3num.engines.vllm_adapter.common import DSPARK_PY, UTILS_PY
 
 
 def _bind_weight_loading(root: Path) -> Any:

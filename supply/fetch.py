@@ -337,7 +337,7 @@ def _extract(pin: Pin, wheel: Path, root: Path) -> dict[str, str]:
     got = hashlib.sha256(text.encode()).hexdigest()
     if pin.manifest_sha256 and got != pin.manifest_sha256:
         raise FetchError(f"{pin.engine}: the manifest of {wheel.name}'s pinned files has sha256 {got}, "
-                         f"Pin.manifest_sha256 is {pin.manifest_sha256} (engines/fetch.py: update the pin "
+                         f"Pin.manifest_sha256 is {pin.manifest_sha256} (supply/fetch.py: update the pin "
                          "together with its file list)")
     (root / MANIFEST).write_text(text)
     return hashes
@@ -485,7 +485,7 @@ def fetch_csrc(engine: str, *, log: Log = print) -> Path:
     msha = hashlib.sha256(text.encode()).hexdigest()
     if pin.manifest_sha256 and msha != pin.manifest_sha256:
         raise FetchError(f"{engine}: the csrc manifest has sha256 {msha}, SdistPin.manifest_sha256 is "
-                         f"{pin.manifest_sha256} (engines/fetch.py: update the pin together with its roots)")
+                         f"{pin.manifest_sha256} (supply/fetch.py: update the pin together with its roots)")
     (root / MANIFEST).write_text(text)
     log(f"[fetch] {engine} csrc: {pin.filename} sha256 ok; extracted {len(hashes)} files "
         f"({sum((root / f).stat().st_size for f in hashes) // 1024} KiB) to {root}")

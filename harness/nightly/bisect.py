@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 class BisectError(RuntimeError):
@@ -86,15 +85,15 @@ def search(commits: list[str], judge: Callable[[str], str], log: Callable[[str],
 
 def engine_files_present(tree: Path, engine: str) -> list[str]:
     """The engine's pinned files missing from `tree` (empty when all are there)."""
-    from engines import fetch
+    from k3num.supply import fetch
 
     return [rel for rel in fetch.PINS[engine].files if not (tree / rel).is_file()]
 
 
 def replay_judge(engine: str, bundle: Path, device: str = "cpu") -> Callable[[Path], str]:
     def judge(tree: Path) -> str:
-        r = subprocess.run([sys.executable, "-m", "engines.cli", "replay", str(bundle), "--engine-src",
-                            f"{engine}={tree}", "--device", device], cwd=ROOT, capture_output=True, text=True)
+        r = subprocess.run([sys.executable, "-m", "k3num.harness.cli", "replay", str(bundle), "--engine-src",
+                            f"{engine}={tree}", "--device", device], capture_output=True, text=True)
         return GOOD if r.returncode == 0 else BAD if r.returncode == 1 else SKIP
     return judge
 
@@ -103,10 +102,11 @@ def pytest_judge(engine: str, kexpr: str, profile: str = "ci") -> Callable[[Path
     def judge(tree: Path) -> str:
         with tempfile.TemporaryDirectory(prefix="k3num-bisect-junit-") as d:
             junit = Path(d) / "junit.xml"
-            r = subprocess.run([sys.executable, "-m", "pytest", "properties", "-k", kexpr, "--engine", engine,
-                                "--engine-src", f"{engine}={tree}", "-p", "no:cacheprovider", "-q", "-x",
-                                f"--hypothesis-profile={profile}", "--junitxml", str(junit)],
-                               cwd=ROOT, capture_output=True, text=True)
+            # --pyargs: the installed (or linked) property package, from a checkout or an install alike
+            r = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "k3num.properties", "-k", kexpr,
+                                "--engine", engine, "--engine-src", f"{engine}={tree}", "-p", "no:cacheprovider",
+                                "-q", "-x", f"--hypothesis-profile={profile}", "--junitxml", str(junit)],
+                               capture_output=True, text=True)
             ran = 0
             if junit.exists():
                 for case in ET.parse(junit).iter("testcase"):

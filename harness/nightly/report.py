@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from oracles import history as hist
-from oracles import ledger as ledger_mod
+from k3num.oracles import history as hist
+from k3num.oracles import ledger as ledger_mod
 
 
 def md_table(df: pd.DataFrame, floats: str = "{:.3g}") -> str:

@@ -143,8 +143,8 @@ def load(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
 
 def replay(path: Path, device: str = "cpu") -> tuple[bool, str]:
     """(passed, the verdict line) of the bundle's comparison rerun on the engine here."""
-    from engines import registry
-    from oracles.metrics import compare
+    from k3num.engines import registry
+    from k3num.oracles.metrics import compare
 
     meta, tensors = load(path)
     if not meta.get("replayable"):
@@ -153,7 +153,7 @@ def replay(path: Path, device: str = "cpu") -> tuple[bool, str]:
     fn = engine.subject(meta["subject"]) if meta["subject"] in engine.subjects else engine.extras[meta["subject"]]
     args = [decode(a, tensors, device) for a in meta["args"]]
     kwargs = {k: decode(v, tensors, device) for k, v in meta["kwargs"].items()}
-    from oracles import hunt
+    from k3num.oracles import hunt
 
     with hunt.poisoned_allocations():  # an element the subject leaves unwritten cannot pass by luck
         result = fn(*args, **kwargs)

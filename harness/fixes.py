@@ -5,7 +5,7 @@ a copy of engine code: `patched_tree` copies the engine's pinned files from the 
 into a directory, applies the fixes there and refuses (naming file and anchor) when an anchor no
 longer occurs exactly once. `scripts/prove_fixes.py` then runs each fix's properties with
 `--engine-src NAME=TREE`: the patched tree is not the pinned bytes, so the ledger's strict xfails do
-not apply there (engines.fetch.ledger_version) and the property must pass plainly. The upstream
+not apply there (supply.fetch.ledger_version) and the property must pass plainly. The upstream
 drafts in docs/upstream-reports.md describe the same fixes in words.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engines import fetch
+from k3num.supply import fetch
 
 VLLM_ATTN_RES = "vllm/models/kimi_k3/nvidia/ops/attn_res.py"
 ROCM_ATTN_RES = "vllm/models/kimi_k3/amd/ops/attn_res.py"

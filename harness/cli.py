@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engines import fetch
+from k3num.supply import fetch
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
@@ -41,7 +41,7 @@ def fetch_targets() -> list[str]:
 
 
 def cmd_build_ops(args: argparse.Namespace) -> int:
-    from engines import cuda_ops
+    from k3num.supply import cuda_ops
 
     try:
         so = cuda_ops.build(verbose=args.verbose, jobs=args.jobs)
@@ -55,7 +55,7 @@ def cmd_build_ops(args: argparse.Namespace) -> int:
 def cmd_golden_write(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from fixtures import golden
+    from k3num.fixtures import golden
 
     try:
         out = golden.write(args.preset, args.cases, Path(args.out), seed=args.seed)
@@ -73,12 +73,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
-    from engines import repro
+    from k3num.harness import repro
 
     if args.engine_src:
         os.environ[fetch.ENGINE_SRC_ENV] = ",".join(args.engine_src)
     if args.device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton's first import, as the root conftest does
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton's first import, as the plugin does
     try:
         fetch.local_sources()
         passed, line = repro.replay(Path(args.bundle), device=args.device)
@@ -93,7 +93,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     import subprocess
     from pathlib import Path
 
-    from oracles import ledger
+    from k3num.oracles import ledger
 
     entry = next((d for d in ledger.LEDGER if d.id == args.entry), None)
     if entry is None:
@@ -126,8 +126,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     import pandas as pd
 
-    from nightly import report
-    from oracles import history as hist
+    from k3num.harness.nightly import report
+    from k3num.oracles import history as hist
 
     try:  # a history that cannot be written is refused before anything is read
         hdir = hist.check_writable(args.history)
@@ -185,7 +185,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_bisect(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from nightly import bisect
+    from k3num.harness.nightly import bisect
 
     if args.engine not in fetch.PINS:
         print(f"[bisect] ERROR: --engine {args.engine!r}: bisect needs an engine with pinned files "

@@ -43,8 +43,7 @@ from typing import Any
 
 import torch
 
-from engines import fetch
-from engines.registry import EngineUnavailable
+from k3num.supply import EngineUnavailable, fetch
 
 MODE_ENV = "K3NUM_ENGINE_MODE"
 MODES = ("auto", "import", "source")

@@ -9,7 +9,7 @@ The root conftest uses these pure functions:
   kernels are small enough that several workers keep one H200 busier than one does.
 
 Workers write their drift records to partial CSVs beside the requested one (`partial_path`); the
-controller merges them into the one CSV when the session ends (conftest.pytest_sessionfinish), so a
+controller merges them into the one CSV when the session ends (harness.plugin.pytest_sessionfinish), so a
 worker that crashed still leaves what it measured.
 """
 

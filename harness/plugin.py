@@ -1,0 +1,498 @@
+"""The k3num pytest plugin: the property suite's options, fixtures, hypothesis profiles and markers.
+
+Registered by an install of this package through its `pytest11` entry point (`k3num`), so that
+`pytest --pyargs k3num.properties --engine vllm` runs the suite from any directory; in a checkout
+that was never installed the root conftest.py loads it. `-p no:k3num` turns it off.
+
+It is careful in a foreign test suite (an engine's own CI, where the package is installed): the
+ledger's strict xfails, the `gpu` skips and the `dev` profile apply to the harness's own tests
+only (`_ours`), the `engine` parametrization only to tests that use this plugin's `engine`
+fixture, and a profile is loaded only when asked for or when the session holds tests of ours.
+
+Profiles (pick with --hypothesis-profile NAME; default "dev"):
+- dev: quick local runs (50 examples per property).
+- ci: derandomized, no example database, print_blob; the budget CI and the
+  mutant self-tests run under (40 examples per property).
+- nightly: >= 10,000 examples per property, for the scheduled GPU job.
+- nightly-1k: nightly with 1,000 examples per property (the GPU target of a recorded run).
+- gpu-smoke: 5 derandomized examples per property: does everything run on this GPU box at all.
+- ci-mutants: ci without the shrink phase, for the mutant self-test.
+- gate-proof: 300 random (not derandomized) examples, no database: the regression gate's proof.
+All have deadline=None: oracle and kernel timings vary too much for deadlines.
+
+On a machine without CUDA the plugin sets TRITON_INTERPRET=1 when it is imported (before triton
+is first imported anywhere): there the engines' Triton kernels can only run under the interpreter.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+from k3num.harness import scaleout
+
+# pytest-xdist: each worker sees one GPU, chosen before CUDA starts in this process (the controller
+# exported the GPUs it may use; see harness/scaleout.py)
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER and os.environ.get(scaleout.GPUS_ENV):
+    if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
+        raise RuntimeError(f"xdist worker {_WORKER}: CUDA was initialised before the k3num plugin could choose "
+                           "its GPU (a plugin imported torch and touched CUDA); run without -n or drop that plugin")
+    os.environ["CUDA_VISIBLE_DEVICES"] = scaleout.gpu_for_worker(_WORKER, os.environ[scaleout.GPUS_ENV].split(","))
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, settings
+
+from k3num.engines import registry
+from k3num.oracles import ledger
+from k3num.oracles.drift import COLLECTOR, SM100_NOTE, covers_vllm_attn_res, summarize
+
+_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+if not _WORKER and torch.cuda.is_available():
+    os.environ[scaleout.GPUS_ENV] = ",".join(
+        scaleout.visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count()))
+if not torch.cuda.is_available():
+    # Triton kernels of the real engines run under the interpreter here; it must be chosen
+    # before triton is first imported (see engines.triton_support.require_interpreter)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+settings.register_profile("dev", max_examples=50, **_COMMON)
+settings.register_profile("ci", max_examples=40, derandomize=True, database=None, print_blob=True, **_COMMON)
+settings.register_profile("nightly", max_examples=10_000, print_blob=True, **_COMMON)
+settings.register_profile("nightly-1k", parent=settings.get_profile("nightly"), max_examples=1_000)
+settings.register_profile("gpu-smoke", max_examples=5, derandomize=True, database=None, print_blob=True, **_COMMON)
+# the ci example budget without the shrink phase: the mutant self-test only needs to know that a
+# mutant fails, not its minimal counterexample
+settings.register_profile("ci-mutants", parent=settings.get_profile("ci"),
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target])
+# the regression gate's proof (tests/test_history_gate.py): fresh random draws every run, so two runs
+# of one source differ by real sampling noise, and enough examples for a within-budget drift to show
+settings.register_profile("gate-proof", max_examples=300, database=None, **_COMMON)
+DEFAULT_PROFILE = "dev"
+
+MARKERS = (
+    "gpu: needs a CUDA device (skipped with a reason where there is none)",
+    "nightly: full K3 shapes; run by the nightly job",
+)
+
+
+@functools.cache
+def _own_dirs() -> tuple[str, ...]:
+    """The folders whose tests are the harness's own: the installed (or linked) property package, and,
+    in a checkout, the repository (its tests/ and properties/)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("k3num.properties")
+    dirs = [Path(p).resolve() for p in (spec.submodule_search_locations or [])] if spec else []
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "k3num").is_dir():
+        dirs.append(checkout)
+    return tuple(str(d) + os.sep for d in dirs)
+
+
+def _ours(item: pytest.Item) -> bool:
+    """Whether a collected test is one of the harness's own (see the module docstring)."""
+    path = str(getattr(item, "path", "") or "")
+    if not path:
+        return False
+    resolved = os.path.realpath(path)
+    return any(resolved.startswith(d) for d in _own_dirs())
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("k3-numerics")
+    group.addoption(
+        "--engine",
+        default=None,
+        help="comma-separated engines to test (default: every engine available)",
+    )
+    group.addoption(
+        "--device",
+        default=None,
+        metavar="DEV",
+        help="device of the small-shape properties: cuda[:N] where CUDA is available (the default there), "
+        "else cpu (the default); sets K3NUM_DEVICE (the gpu-marked K3-shape properties always run on cuda)",
+    )
+    group.addoption(
+        "--engine-src",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="read engine NAME (vllm, sglang, tokenspeed) from PATH, a tree laid out like the installed "
+        "package (PATH/vllm/models/kimi_k3/...), instead of the fetched cache: a checkout or a patch; "
+        "repeatable; joins K3NUM_ENGINE_SRC",
+    )
+    group.addoption(
+        "--engine-mode",
+        default=None,
+        choices=["auto", "import", "source"],
+        help="how the real engines are bound: auto (the default: the installed engine with its compiled ops "
+        "where it is installed at the pinned version on a CUDA machine, else the fetched source), import "
+        "(the installed engine or a skip naming why not), source (the fetched files even where installed); "
+        "sets K3NUM_ENGINE_MODE",
+    )
+    group.addoption(
+        "--checkpoint",
+        default=None,
+        metavar="DIR",
+        help="run properties/test_checkpoint.py on the checkpoint in DIR (Hugging Face layout: config.json, "
+        "model.safetensors.index.json, safetensors shards), checked against its config before the run; sets "
+        "K3NUM_CHECKPOINT",
+    )
+    group.addoption(
+        "--golden",
+        default=None,
+        metavar="DIR",
+        help="judge the golden properties (properties/test_golden.py) against the stored float64 outputs of the set "
+        "in DIR (written by `k3num golden write`); a tampered or mismatched set is refused; sets K3NUM_GOLDEN",
+    )
+    group.addoption(
+        "--repro-dir",
+        default=None,
+        metavar="DIR",
+        help="write DIR/<property>-<engine>-<seed>.safetensors for every failing comparison: the subject's inputs, "
+        "its output and the oracle's, with the engine, budget, node id and command (replay: `k3num replay FILE`)",
+    )
+    group.addoption(
+        "--repro-all",
+        action="store_true",
+        help="with --repro-dir, also write the worst comparison of each property (<property>-<engine>-worst)",
+    )
+    group.addoption(
+        "--drift-csv",
+        default=None,
+        metavar="PATH",
+        help="write every oracle comparison record of the session to PATH (CSV)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import datetime
+
+    for marker in MARKERS:
+        config.addinivalue_line("markers", marker)
+
+    from k3num.supply import fetch
+
+    config._k3num_started = datetime.datetime.now(datetime.timezone.utc)  # type: ignore[attr-defined]
+    srcs = config.getoption("--engine-src")
+    if srcs:
+        os.environ[fetch.ENGINE_SRC_ENV] = ",".join(filter(None, [os.environ.get(fetch.ENGINE_SRC_ENV, ""), *srcs]))
+    try:
+        fetch.local_sources()
+    except ValueError as e:
+        raise pytest.UsageError(f"--engine-src: {e}") from e
+    mode = config.getoption("--engine-mode")
+    if mode is not None:
+        os.environ["K3NUM_ENGINE_MODE"] = mode
+    from k3num.supply import installed
+
+    try:
+        installed.requested()
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from e
+    csv = config.getoption("--drift-csv")
+    if csv and _is_controller(config):  # partial files of an earlier run must not join this one
+        for p in scaleout.partial_paths(csv):
+            p.unlink()
+    repro_dir = config.getoption("--repro-dir")
+    if repro_dir is not None:
+        os.environ["K3NUM_REPRO_DIR"] = repro_dir
+    elif config.getoption("--repro-all"):
+        raise pytest.UsageError("--repro-all: needs --repro-dir DIR")
+    if config.getoption("--repro-all"):
+        os.environ["K3NUM_REPRO_ALL"] = "1"
+    ck = config.getoption("--checkpoint")
+    if ck is not None:
+        from k3num.fixtures import checkpoint
+
+        try:
+            checkpoint.open_checkpoint(ck).validate()
+        except checkpoint.CheckpointError as e:
+            raise pytest.UsageError(f"--checkpoint: {e}") from e
+        os.environ["K3NUM_CHECKPOINT"] = ck
+    gold = config.getoption("--golden")
+    if gold is not None:
+        from pathlib import Path
+
+        from k3num.fixtures import golden
+
+        try:
+            golden.load_manifest(Path(gold))
+        except golden.GoldenError as e:
+            raise pytest.UsageError(f"--golden: {e}") from e
+        os.environ["K3NUM_GOLDEN"] = gold
+    dev = config.getoption("--device")
+    if dev is not None:
+        os.environ["K3NUM_DEVICE"] = dev
+    from k3num.fixtures import device
+
+    try:  # properties.support takes it when first imported
+        device.resolve()
+    except ValueError as e:
+        raise pytest.UsageError(f"--device: {e}") from e
+
+
+def _engine_names(config: pytest.Config) -> list[str]:
+    opt = config.getoption("--engine")
+    if not opt:
+        return registry.defaults()
+    names = [n.strip() for n in opt.split(",") if n.strip()]
+    known = registry.known()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise pytest.UsageError(f"--engine: unknown engine(s) {unknown}; known: {known}")
+    return names
+
+
+def _uses_our_engine_fixture(metafunc: pytest.Metafunc) -> bool:
+    """Whether the test's `engine` argument is this plugin's fixture (a foreign suite may have its own)."""
+    defs = getattr(getattr(metafunc.definition, "_fixtureinfo", None), "name2fixturedefs", {}).get("engine")
+    if not defs:
+        return True  # pytest's internals moved: assume ours, as before
+    func = getattr(defs[-1], "func", None)
+    return getattr(func, "__module__", None) == __name__ and getattr(func, "__name__", None) == "engine"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "engine" in metafunc.fixturenames and _uses_our_engine_fixture(metafunc):
+        names = _engine_names(metafunc.config)
+        metafunc.parametrize("engine", names, ids=names, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def engine(request: pytest.FixtureRequest):
+    """The engine under test (from --engine); unavailable engines skip with the reason."""
+    try:
+        return registry.get(request.param)
+    except registry.EngineUnavailable as e:
+        pytest.skip(f"engine {request.param} unavailable: {e}")
+
+
+@pytest.fixture(autouse=True)
+def _ledger_context(request: pytest.FixtureRequest):
+    """Tag the drift records with the test's node id, and those of a ledger-listed case with its entry id."""
+    COLLECTOR.ledger = getattr(request.node, "k3num_ledger", "")
+    COLLECTOR.node = request.node.nodeid
+    yield
+    COLLECTOR.ledger = COLLECTOR.node = ""
+
+
+def _is_controller(config: pytest.Config) -> bool:
+    """Whether this process hands the tests to pytest-xdist workers (and runs none itself)."""
+    return not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no"
+
+
+def _csv_target(config: pytest.Config) -> str | None:
+    """Where this process writes its records: the --drift-csv path, or a worker's partial file beside it."""
+    path = config.getoption("--drift-csv")
+    if path and _WORKER:
+        return str(scaleout.partial_path(path, _WORKER))
+    return path
+
+
+# tryfirst: xdist's own implementation (the CPU count) must not answer before this one, whichever
+# of the two plugins was registered first
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """`-n auto`: one worker per visible GPU (times K3NUM_WORKERS_PER_GPU); xdist's default on a CPU machine."""
+    gpus = os.environ.get(scaleout.GPUS_ENV, "")
+    try:
+        return scaleout.auto_workers(len([g for g in gpus.split(",") if g]), os.environ.get(scaleout.PER_GPU_ENV))
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from e
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Rewrite the drift CSV after every test that added records, so a run cut short (a job's time
+    limit, SIGINT) keeps what it measured; the session end writes it once more."""
+    path = _csv_target(item.config)
+    written = getattr(item.config, "_k3num_written", 0)
+    if path and len(COLLECTOR.records) != written:
+        COLLECTOR.write_csv(path)
+        item.config._k3num_written = len(COLLECTOR.records)  # type: ignore[attr-defined]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if hasattr(config, "workerinput"):  # an xdist worker: its records stay in its partial file
+        if _csv_target(config):
+            COLLECTOR.write_csv(_csv_target(config))
+        config.workeroutput["k3num_bound"] = _bound_lines()  # type: ignore[attr-defined]
+        config.workeroutput["k3num_gpu"] = os.environ.get("CUDA_VISIBLE_DEVICES", "")  # type: ignore[attr-defined]
+        config.workeroutput["k3num_examples"] = dict(_EXAMPLES)  # type: ignore[attr-defined]
+        return
+    path = config.getoption("--drift-csv")
+    if not path:
+        return
+    if _is_controller(config):  # merge every worker's partial file into the one CSV, then drop them
+        import pandas as pd
+
+        from k3num.oracles.drift import COLUMNS, read_csv
+
+        parts = scaleout.partial_paths(path)
+        frames = [read_csv(p) for p in parts]
+        frames = [f for f in frames if not f.empty]
+        df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
+        written = COLLECTOR.write_frame(df[COLUMNS], path)
+        for p in parts:
+            p.unlink()
+        config._k3num_frame = df  # type: ignore[attr-defined]
+        config._k3num_csv = (written, len(df))  # type: ignore[attr-defined]
+        _write_meta(config, path, getattr(config, "_k3num_examples", {}), getattr(config, "_k3num_bound", []))
+        return
+    written = COLLECTOR.write_csv(path)
+    _write_meta(config, path, _EXAMPLES, _bound_lines())
+    config._k3num_csv = (written, len(COLLECTOR.records))  # type: ignore[attr-defined]
+
+
+def pytest_testnodedown(node, error) -> None:
+    """xdist controller: keep each worker's account of how it bound the engines (for the summary)."""
+    lines = getattr(node, "workeroutput", {}).get("k3num_bound", [])
+    bound = node.config.__dict__.setdefault("_k3num_bound", [])
+    bound.extend(x for x in lines if x not in bound)
+    node.config.__dict__.setdefault("_k3num_examples", {}).update(
+        getattr(node, "workeroutput", {}).get("k3num_examples", {}))
+    gpu = getattr(node, "workeroutput", {}).get("k3num_gpu")
+    node.config.__dict__.setdefault("_k3num_gpus", {})[node.gateway.id] = gpu if gpu else "-"
+
+
+_EXAMPLES: dict[str, int] = {}  # node id -> hypothesis examples run (generate, reuse, target phases)
+
+
+@pytest.hookimpl(hookwrapper=True, trylast=True)
+def pytest_runtest_call(item: pytest.Item):
+    """Count each hypothesis test's examples for the run's metadata (hypothesis reports its statistics
+    through a callback the pytest plugin installs around this call; this wraps that callback)."""
+    from hypothesis.statistics import collector
+
+    outer = collector.value
+
+    def note(stats: dict) -> None:
+        try:
+            n = sum(1 for phase in ("reuse", "generate", "target")
+                    for case in stats.get(f"{phase}-phase", {}).get("test-cases", [])
+                    if case.get("status") in ("valid", "interesting"))
+            _EXAMPLES[item.nodeid] = n
+        finally:
+            if outer is not None:
+                outer(stats)
+
+    with collector.with_value(note):
+        yield
+
+
+def _run_meta(config: pytest.Config, examples: dict[str, int], bound: list[str]) -> dict:
+    """The run's metadata, written beside the drift CSV (oracles.history reads it)."""
+    import datetime
+    import platform
+    import subprocess
+
+    from hypothesis import settings as hsettings
+
+    root = os.path.dirname(os.path.abspath(__file__))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "", False
+    dev = os.environ.get("K3NUM_DEVICE", "cuda" if torch.cuda.is_available() else "cpu")
+    if dev.startswith("cuda") and torch.cuda.is_available():
+        device_name = torch.cuda.get_device_name(0)
+    else:
+        device_name = f"cpu {platform.machine()}"
+        try:  # the CPU's model where Linux names it ("cpu x86_64 AMD EPYC ...")
+            model = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
+                         "")
+        except OSError:
+            model = ""
+        device_name = f"{device_name} {model}".strip()
+    started = getattr(config, "_k3num_started", None) or datetime.datetime.now(datetime.timezone.utc)
+    return {
+        "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "harness_commit": commit + ("-dirty" if dirty else ""),
+        # get_current_profile_name is newer than some hypothesis releases this package accepts
+        "profile": (getattr(hsettings, "get_current_profile_name", None) or (lambda: hsettings._current_profile))()
+        or "",
+        "device_name": device_name,
+        "torch": torch.__version__,
+        "command": " ".join(["pytest", *config.invocation_params.args]),
+        "engines": sorted(bound),
+        "repro_dir": os.environ.get("K3NUM_REPRO_DIR", ""),
+        "examples": dict(sorted(examples.items())),
+    }
+
+
+def _write_meta(config: pytest.Config, csv: str, examples: dict[str, int], bound: list[str]) -> None:
+    import json
+
+    from k3num.oracles.history import meta_path
+
+    target = meta_path(csv)
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(json.dumps(_run_meta(config, examples, bound), indent=1))
+    os.replace(tmp, target)
+
+
+def _bound_lines() -> list[str]:
+    return [f"{e.name} {e.version}: {e.mode}" + (f" ({e.mode_note})" if e.mode_note else "")
+            for e in registry.built() if e.name != "mirror"]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    tr = terminalreporter
+    bound = getattr(config, "_k3num_bound", None) if _is_controller(config) else _bound_lines()
+    if bound:
+        tr.section("k3-numerics engines: how each was bound")
+        for line in sorted(bound):
+            tr.write_line(line)
+    gpus = getattr(config, "_k3num_gpus", None)
+    if gpus and any(g != "-" for g in gpus.values()):
+        tr.write_line("xdist workers on GPUs: " + ", ".join(f"{w} -> GPU {gpus[w]}" for w in sorted(
+            gpus, key=scaleout.worker_index)))
+    frame = getattr(config, "_k3num_frame", None)
+    summary = summarize(frame) if frame is not None else COLLECTOR.summary()
+    if summary.empty:
+        return
+    tr.section("k3-numerics drift: worst err/budget ratio per engine and subject")
+    tr.write_line(summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    if covers_vllm_attn_res(summary):
+        tr.write_line(SM100_NOTE)
+    written = getattr(config, "_k3num_csv", None)
+    if written:
+        tr.write_line(f"drift CSV: {written[0]} ({written[1]} records)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from k3num.supply import installed
+    from k3num.supply.fetch import PINS, ledger_version
+
+    ours = [item for item in items if _ours(item)]
+    if ours and not config.getoption("hypothesis_profile", None):
+        settings.load_profile(DEFAULT_PROFILE)
+    versions: dict[str, str] = {}
+    for item in ours:  # known divergences: strict xfail, so an upstream fix turns the case red
+        callspec = getattr(item, "callspec", None)
+        name = callspec.params.get("engine") if callspec else None
+        if name is None:
+            continue
+        pin = PINS.get(name.split("-")[0])
+        # the mode the engine's build takes here (ledger entries can be limited to modes)
+        mode = installed.expected_mode(pin.engine) if pin else "reference"
+        # a local tree that is not the pinned bytes (a patch, a checkout) is judged plainly
+        version = versions.setdefault(pin.engine, ledger_version(pin.engine)) if pin else ""
+        entry = ledger.lookup(name, version, getattr(item, "originalname", item.name), mode)
+        if entry is not None:
+            item.add_marker(pytest.mark.xfail(strict=True, reason=f"{entry.id} ({entry.upstream}): {entry.what}"))
+            item.k3num_ledger = entry.id  # type: ignore[attr-defined]  # read by _ledger_context
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device; torch.cuda.is_available() is False here")
+    for item in ours:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

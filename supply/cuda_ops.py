@@ -143,13 +143,28 @@ def first_compile_error(log: str) -> CompileError | None:
 
 
 def build(*, verbose: bool = False, jobs: int | None = None, log=print) -> Path:
-    """Build (or find cached) the ops library for this GPU and torch; return its path, loaded."""
+    """Build (or find cached) the ops library for this GPU and torch; return its path, loaded.
+
+    Two processes may build at once (xdist workers, two jobs): the build holds the cache lock of its
+    key, a process that waited finds the library built, and the library is compiled in a folder of
+    its own and moved into place whole, so `<key>/k3num_vllm_ops.so` is never a half-written file."""
     gpu_arch = arch()
     so = library_path(gpu_arch)
-    if so.exists():
-        log(f"[build-ops] cached: {so}")
-        torch.ops.load_library(str(so))
-        return so
+    if not so.exists():
+        with fetch.cache_lock(f"ops-{build_key(gpu_arch)}", log=log):
+            if not so.exists():  # else another process built it while this one waited
+                _build_into(so.parent, gpu_arch, verbose=verbose, jobs=jobs, log=log)
+                return so  # the build loaded it (cpp_extension.load); a second load would register twice
+    log(f"[build-ops] cached: {so}")
+    torch.ops.load_library(str(so))
+    return so
+
+
+def _build_into(out: Path, gpu_arch: str, *, verbose: bool, jobs: int | None, log) -> None:
+    """Compile into a fresh sibling folder of `out`, then rename it to `out` (under the build's lock)."""
+    import shutil
+    import tempfile
+
     problems = fetch.csrc_problems(ENGINE)
     if problems:
         try:
@@ -157,8 +172,21 @@ def build(*, verbose: bool = False, jobs: int | None = None, log=print) -> Path:
         except fetch.FetchError as e:
             raise BuildError(f"the pinned csrc is not here and cannot be fetched ({'; '.join(problems)}): {e}") from e
     csrc = fetch.csrc_dir(ENGINE)
-    out = build_dir(gpu_arch)
-    out.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".{out.name}.*{fetch.TMP_SUFFIX}"):  # a killed build's folder
+        shutil.rmtree(stale, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=fetch.TMP_SUFFIX, dir=out.parent))
+    try:
+        _compile(csrc, work, gpu_arch, verbose=verbose, jobs=jobs, log=log)
+        if out.exists():  # an unfinished folder of an older harness (no library in it)
+            shutil.rmtree(out)
+        os.replace(work, out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _compile(csrc: Path, out: Path, gpu_arch: str, *, verbose: bool, jobs: int | None, log) -> None:
+    so = out / f"{LIB_NAME}.so"
     reg = out / "k3num_registration.cpp"
     reg.write_text(registration_source((csrc / BINDINGS).read_text()))
     os.environ["TORCH_CUDA_ARCH_LIST"] = f"{gpu_arch[:-1]}.{gpu_arch[-1]}"
@@ -186,7 +214,6 @@ def build(*, verbose: bool = False, jobs: int | None = None, log=print) -> Path:
         raise BuildError(f"building against torch {torch.__version__} for sm_{gpu_arch} failed: {where}") from e
     if not so.exists():
         raise BuildError(f"the build finished but {so} is not there")
-    return so
 
 
 def load() -> tuple[Path | None, str]:

@@ -21,6 +21,10 @@ itself re-checked against its pin; with no wheel to re-extract from, the engine
 is refused with each file, the sha256 expected and the sha256 found. The
 result is kept for the process (hashed once per session, not per example).
 
+Processes share the cache: files are replaced atomically (temporary file, then os.replace; the
+manifest last) and extraction, repair and the csrc extraction are serialised by `cache_lock`, so a
+reader never sees a half-written file and a waiting process finds the repair done.
+
 K3NUM_ENGINE_SRC="NAME=PATH[,NAME=PATH...]" (pytest: --engine-src NAME=PATH)
 points an engine at a local tree laid out like the installed package
 (PATH/vllm/models/kimi_k3/...) instead of the cache: a checkout, or a patch
@@ -39,8 +43,11 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
+import time
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -251,6 +258,98 @@ def _warn(msg: str) -> None:
     print(msg, file=sys.stderr)
 
 
+# --- writes and repairs that other processes may watch ------------------------------------------------
+#
+# Several processes share one cache (xdist workers, two CI jobs on one runner, `k3num fetch` during a run).
+# Every file is written through a temporary file in its own folder and `os.replace`, so a reader opening
+# a path sees the old bytes or the new, never a part (an open file keeps the bytes it had); a process
+# killed mid-write leaves only a temporary file, which the next repair removes. Extractions and repairs
+# are serialised by a lock file per tree (`cache_lock`), and a process that waited checks again before it
+# repairs anything.
+
+TMP_SUFFIX = ".k3num-tmp"
+LOCK_WAIT_S = 900.0  # a repair or a build that holds a lock longer than this is stuck, not slow
+
+
+def atomic_write(target: Path, data: bytes) -> None:
+    """`target` holds `data` afterwards; at no moment does it hold a part of it (see above)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=TMP_SUFFIX, dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def remove_temporaries(root: Path) -> list[Path]:
+    """Delete the temporary files a killed writer left under `root`; the paths removed."""
+    gone = sorted(root.rglob(f".*{TMP_SUFFIX}")) if root.is_dir() else []
+    for p in gone:
+        p.unlink(missing_ok=True)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    return True
+
+
+@contextmanager
+def cache_lock(name: str, *, log: Log | None = None, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+    """Hold `<cache>/.locks/<name>.lock` exclusively (fcntl.flock) for the block.
+
+    The holder's pid is written into the file and cleared on release, so a pid found there by the
+    next holder is one that died holding the lock (the kernel released its flock): that is said in
+    one line. A lock held longer than `wait_s` by a live process is an error naming it."""
+    import fcntl
+
+    say = log or _warn
+    locks = cache_root() / ".locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    path = locks / f"{name}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        start, told = time.monotonic(), False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                waited = time.monotonic() - start
+                if waited > wait_s:
+                    raise FetchError(f"{path}: held by process {holder or '?'} for over {wait_s:.0f} s; if it "
+                                     "is stuck, end it (the lock is released when it exits)") from None
+                if not told and waited > 1.0:
+                    say(f"[fetch] {name}: waiting for process {holder or '?'}, which holds {path}")
+                    told = True
+                time.sleep(0.05)
+        prev = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        if prev.isdigit() and int(prev) != os.getpid() and not _alive(int(prev)):
+            say(f"[fetch] {name}: took over {path} from process {prev}, which died holding it; what it left "
+                "half-done is checked and repaired now")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 def verified_manifest(engine: str, *, log: Log = _warn) -> dict[str, str]:
     """{relative path: sha256} of the bytes source mode will run; {} when nothing was ever fetched.
 
@@ -269,22 +368,35 @@ def verified_manifest(engine: str, *, log: Log = _warn) -> dict[str, str]:
         return {}
     if problems:
         pin = PINS[engine]
-        wheels = cache_root() / "wheels"
-        wheel = _find_wheel(pin, wheels) if wheels.exists() else None
-        if wheel is None:
-            raise FetchError(
-                f"{engine}: the cache does not hold the pinned {pin.version} bytes, and the wheel is not in "
-                f"{wheels} to re-extract them from: {'; '.join(problems)}. Run `k3num fetch {engine}` to restore "
-                f"them, or --engine-src {engine}=PATH to test modified files on purpose")
-        _check_wheel(pin, wheel, delete=False)
-        _extract(pin, wheel, root)
-        log(f"[fetch] {engine}: the cache differed from the pinned bytes ({'; '.join(problems)}); "
-            f"re-extracted from the verified wheel {wheel.name}")
-        left = cache_problems(engine)
-        if left:
-            raise FetchError(f"{engine}: still differs after re-extracting from {wheel.name}: {'; '.join(left)}")
-    _VERIFIED[key] = manifest(engine)
+        with cache_lock(_tree_name(pin), log=log):
+            # another process may have repaired it while this one waited for the lock
+            problems = cache_problems(engine) or []
+            if problems:
+                wheels = cache_root() / "wheels"
+                wheel = _find_wheel(pin, wheels) if wheels.exists() else None
+                if wheel is None:
+                    raise FetchError(
+                        f"{engine}: the cache does not hold the pinned {pin.version} bytes, and the wheel is not in "
+                        f"{wheels} to re-extract them from: {'; '.join(problems)}. Run `k3num fetch {engine}` to "
+                        f"restore them, or --engine-src {engine}=PATH to test modified files on purpose")
+                _check_wheel(pin, wheel, delete=False)
+                _extract(pin, wheel, root)
+                log(f"[fetch] {engine}: the cache differed from the pinned bytes ({'; '.join(problems)}); "
+                    f"re-extracted from the verified wheel {wheel.name}")
+                left = cache_problems(engine)
+                if left:
+                    raise FetchError(f"{engine}: still differs after re-extracting from {wheel.name}: "
+                                     f"{'; '.join(left)}")
+            recorded = manifest(engine)
+    else:
+        recorded = manifest(engine)
+    _VERIFIED[key] = recorded
     return _VERIFIED[key]
+
+
+def _tree_name(pin: Pin) -> str:
+    """The name of the engine's extracted tree in the cache (and of its lock)."""
+    return f"{pin.engine}-{pin.version}"
 
 
 def _find_wheel(pin: Pin, wheels: Path) -> Path | None:
@@ -321,25 +433,32 @@ def _check_wheel(pin: Pin, wheel: Path, *, delete: bool) -> None:
 
 def _extract(pin: Pin, wheel: Path, root: Path) -> dict[str, str]:
     """Write the pinned files and their MANIFEST.json from a checked wheel; the manifest must hash to
-    its pin (else the pin's file list and its manifest_sha256 disagree: a harness bug)."""
+    its pin (else the pin's file list and its manifest_sha256 disagree: a harness bug).
+
+    Called under the tree's `cache_lock`. Each file is replaced atomically (`atomic_write`) and the
+    manifest is written last, so a process killed midway leaves correct files, temporary files and
+    a manifest that does not vouch for them: the next process repairs the tree."""
     root.mkdir(parents=True, exist_ok=True)
+    remove_temporaries(root)
     hashes: dict[str, str] = {}
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         for rel in pin.files:
             if rel not in names:
                 raise FetchError(f"{pin.engine}: {rel} is not in {wheel.name}")
+            data = zf.read(rel)
+            hashes[rel] = hashlib.sha256(data).hexdigest()
+        text = manifest_text(hashes)
+        got = hashlib.sha256(text.encode()).hexdigest()
+        if pin.manifest_sha256 and got != pin.manifest_sha256:
+            raise FetchError(f"{pin.engine}: the manifest of {wheel.name}'s pinned files has sha256 {got}, "
+                             f"Pin.manifest_sha256 is {pin.manifest_sha256} (supply/fetch.py: update the pin "
+                             "together with its file list)")
+        for rel in pin.files:
             target = root / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(zf.read(rel))
-            hashes[rel] = sha256_of(target)
-    text = manifest_text(hashes)
-    got = hashlib.sha256(text.encode()).hexdigest()
-    if pin.manifest_sha256 and got != pin.manifest_sha256:
-        raise FetchError(f"{pin.engine}: the manifest of {wheel.name}'s pinned files has sha256 {got}, "
-                         f"Pin.manifest_sha256 is {pin.manifest_sha256} (supply/fetch.py: update the pin "
-                         "together with its file list)")
-    (root / MANIFEST).write_text(text)
+            if not target.is_file() or sha256_of(target) != hashes[rel]:
+                atomic_write(target, zf.read(rel))
+    atomic_write(root / MANIFEST, text.encode())
     return hashes
 
 
@@ -349,15 +468,23 @@ def fetch(engine: str, *, log: Log = print) -> Path:
         raise FetchError(f"unknown engine {engine!r}; pinned: {sorted(PINS)}")
     pin = PINS[engine]
     root = source_dir(engine)
-    if cache_problems(engine) == [] and set(manifest(engine)) == set(pin.files):
+
+    def current() -> bool:
+        return cache_problems(engine) == [] and set(manifest(engine)) == set(pin.files)
+
+    if current():
         log(f"[fetch] {engine} {pin.version}: up to date in {root} ({len(pin.files)} files, hashes checked)")
         return root
-    wheels = cache_root() / "wheels"
-    wheel = _find_wheel(pin, wheels) if wheels.exists() else None
-    if wheel is None:
-        wheel = _download(pin, wheels, log)
-    _check_wheel(pin, wheel, delete=True)
-    hashes = _extract(pin, wheel, root)
+    with cache_lock(_tree_name(pin), log=log):
+        if current():  # another process fetched it while this one waited
+            log(f"[fetch] {engine} {pin.version}: up to date in {root} (fetched by another process)")
+            return root
+        wheels = cache_root() / "wheels"
+        wheel = _find_wheel(pin, wheels) if wheels.exists() else None
+        if wheel is None:
+            wheel = _download(pin, wheels, log)
+        _check_wheel(pin, wheel, delete=True)
+        hashes = _extract(pin, wheel, root)
     _VERIFIED.pop((engine, root), None)
     log(f"[fetch] {engine} {pin.version}: wheel sha256 ok; extracted {len(hashes)} files to {root}")
     for rel, h in sorted(hashes.items()):
@@ -439,8 +566,13 @@ def _download_sdist(pin: SdistPin, target: Path, log: Log) -> None:
             raise FetchError(f"{pin.engine}: the index lists no {pin.filename}")
         log(f"[fetch] {pin.engine}: downloading {pin.filename}")
         target.parent.mkdir(parents=True, exist_ok=True)
-        with urllib.request.urlopen(url, timeout=300) as r, open(target, "wb") as out:
-            shutil.copyfileobj(r, out)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=TMP_SUFFIX, dir=target.parent)
+        try:  # a download cut short leaves a temporary file, not a truncated archive under its name
+            with urllib.request.urlopen(url, timeout=300) as r, os.fdopen(fd, "wb") as out:
+                shutil.copyfileobj(r, out)
+            os.replace(tmp, target)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
     except OSError as e:
         raise FetchError(f"{pin.engine}: could not download {pin.filename} from {pin.index} (no network, or the "
                          f"index refused): {e}") from e
@@ -452,10 +584,22 @@ def fetch_csrc(engine: str, *, log: Log = print) -> Path:
     extracted with a MANIFEST.json whose own sha256 is pinned. Idempotent; repairs a changed tree."""
     if engine not in SDISTS:
         raise FetchError(f"{engine}: no pinned source distribution; pinned: {sorted(SDISTS)}")
-    pin, root = SDISTS[engine], csrc_dir(engine)
+    root = csrc_dir(engine)
     if not csrc_problems(engine):
         log(f"[fetch] {engine} csrc: up to date in {root} (hashes checked)")
         return root
+    with cache_lock(root.name, log=log):
+        if not csrc_problems(engine):  # another process extracted it while this one waited
+            log(f"[fetch] {engine} csrc: up to date in {root} (extracted by another process)")
+            return root
+        return _extract_csrc(engine, root, log)
+
+
+def _extract_csrc(engine: str, root: Path, log: Log) -> Path:
+    """The include closure written from the checked sdist (under the tree's lock; files replaced
+    atomically, the manifest last: see `atomic_write`)."""
+    pin = SDISTS[engine]
+    remove_temporaries(root)
     archive = cache_root() / "sdists" / pin.filename
     if not archive.exists():
         _download_sdist(pin, archive, log)
@@ -473,20 +617,22 @@ def fetch_csrc(engine: str, *, log: Log = print) -> Path:
             return fh.read().decode("utf-8", "replace") if fh is not None else None
 
         files = include_closure(read, pin.roots)
-        hashes: dict[str, str] = {}
+        blobs: dict[str, bytes] = {}
         for rel in files:
             fh = tf.extractfile(members[rel])
             assert fh is not None
-            target = root / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(fh.read())
-            hashes[rel] = sha256_of(target)
+            blobs[rel] = fh.read()
+    hashes = {rel: hashlib.sha256(data).hexdigest() for rel, data in blobs.items()}
     text = manifest_text(hashes)
     msha = hashlib.sha256(text.encode()).hexdigest()
     if pin.manifest_sha256 and msha != pin.manifest_sha256:
         raise FetchError(f"{engine}: the csrc manifest has sha256 {msha}, SdistPin.manifest_sha256 is "
                          f"{pin.manifest_sha256} (supply/fetch.py: update the pin together with its roots)")
-    (root / MANIFEST).write_text(text)
+    for rel, data in blobs.items():
+        target = root / rel
+        if not target.is_file() or sha256_of(target) != hashes[rel]:
+            atomic_write(target, data)
+    atomic_write(root / MANIFEST, text.encode())
     log(f"[fetch] {engine} csrc: {pin.filename} sha256 ok; extracted {len(hashes)} files "
         f"({sum((root / f).stat().st_size for f in hashes) // 1024} KiB) to {root}")
     return root

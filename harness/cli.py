@@ -212,6 +212,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         for c in out.first_bad:
             print(f"[bisect]   {bisect.describe(Path(args.repo), c)}")
     print(f"[bisect] {tested} revisions judged, {skipped} skipped")
+    if out.not_recomputed:
+        print(f"[bisect] judged with the bundle's own reference and budget ({bisect.NOT_RECOMPUTED}: an older rule "
+              f"this harness cannot recompute): {', '.join(c[:12] for c in out.not_recomputed)}")
     return 0
 
 

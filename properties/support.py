@@ -13,12 +13,10 @@ from hypothesis.control import currently_in_test_context
 
 from k3num.engines.base import Engine, Subject, SubjectMissing
 from k3num.fixtures import device
+from k3num.harness.judges import LOW, round_storage, up  # noqa: F401  (the properties' names for them)
 from k3num.oracles.drift import COLLECTOR
 from k3num.oracles.metrics import describe_mismatch
 from k3num.oracles.records import FAIL, Record, failure_message
-
-LOW = torch.bfloat16  # the production storage dtype of every path here
-
 
 DEVICE = device.resolve()  # checked by the plugin before collection (--device)
 
@@ -102,16 +100,6 @@ def assert_bitwise(actual: torch.Tensor, expected: torch.Tensor, what: str) -> N
         or (actual.is_floating_point() and bool(((actual == expected) | (actual.isnan() & expected.isnan())).all()))
     )
     assert same, f"{what}: not bitwise equal: {describe_mismatch(actual, expected)}"
-
-
-def up(t: torch.Tensor) -> torch.Tensor:
-    """The float64 value the subject actually saw (or returned)."""
-    return t.detach().to(torch.float64)
-
-
-def round_storage(engine: Engine, x32: torch.Tensor) -> torch.Tensor:
-    """fp32 -> storage dtype with the engine platform's rounding (round-to-nearest unless declared)."""
-    return engine.storage_rounding(x32) if engine.storage_rounding is not None else x32.to(LOW)
 
 
 def call(engine: Engine, fn: Subject, *args: object, **kwargs: object) -> object:

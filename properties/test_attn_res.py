@@ -11,12 +11,10 @@ from hypothesis import strategies as st
 from k3num.engines import base
 from k3num.fixtures.builders import AttnResInputs, attn_res_inputs
 from k3num.fixtures.strategies import AttnResCase, attn_res_cases
-from k3num.oracles import budgets
+from k3num.harness.judges import EPS, OUT_EPS, attn_res_oracle
 from k3num.oracles.records import judge
-from k3num.properties.support import DEVICE, LOW, assert_bitwise, report, round_storage, subject, up
-from k3num.refmodel import attn_res as ref
+from k3num.properties.support import DEVICE, LOW, assert_bitwise, report, round_storage, subject
 
-EPS, OUT_EPS = 1e-5, 1e-6
 # each write-inside-the-mix case is run this many times: the GPU race of K3N-004/005 shows on a
 # fraction of calls (3.5-40% on the H200), and a strict xfail must not pass by luck on short profiles
 WRITE_REPEATS = 4
@@ -37,29 +35,6 @@ def _call(engine, inp: AttnResInputs, case: AttnResCase) -> torch.Tensor:
         inp.prefix, inp.delta, inp.blocks, inp.norm, inp.qk, inp.out_norm, case.num_blocks, case.block_write_idx,
         EPS, OUT_EPS,
     )
-
-
-def mixture_budget(out_ref: torch.Tensor, sources: torch.Tensor, q: torch.Tensor, hidden: int,
-                   rounding: str = "nearest") -> budgets.Budget:
-    """`oracles.budgets.mixture` for the kernel's fp32 logits at this file's eps and storage dtype."""
-    return budgets.mixture(out_ref, sources, q, hidden, EPS, LOW, rounding=rounding)
-
-
-def attn_res_oracle(engine, prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
-                    norm: torch.Tensor, qk: torch.Tensor, out_norm: torch.Tensor | None, num_blocks: int,
-                    write: int) -> tuple[torch.Tensor, budgets.Budget]:
-    """(the oracle's output, its budget) for one attn_res call, computed before the call (the subject
-    writes prefix and bank in place). The oracle mixes the prefix the subject stores: fp32(prefix) +
-    fp32(delta) rounded to storage with the engine platform's rounding (the same bits the write-back
-    property checks exactly); its order is write, then mix. Budget: mixture_budget, plus the output
-    norm's term when there is one."""
-    p = prefix if delta is None else round_storage(engine, prefix.float() + delta.float())
-    want, new_prefix, new_blocks = ref.attn_res(up(p), None, up(blocks), up(norm), up(qk),
-                                                None if out_norm is None else up(out_norm), num_blocks, write, EPS,
-                                                OUT_EPS)
-    sources = torch.cat([new_blocks[:, :num_blocks], new_prefix[:, None]], 1)
-    budget = mixture_budget(want, sources, up(norm) * up(qk), prefix.shape[1], engine.rounding)
-    return want, budgets.with_output_norm(budget, LOW) if out_norm is not None else budget
 
 
 @given(case=attn_res_cases())

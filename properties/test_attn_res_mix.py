@@ -10,23 +10,12 @@ from hypothesis import strategies as st
 from k3num.engines import base
 from k3num.fixtures.strategies import seeds
 from k3num.fixtures.tensors import Draw
-from k3num.oracles import budgets
+from k3num.harness import judges
+from k3num.harness.judges import EPS
 from k3num.oracles.records import judge
-from k3num.properties.support import DEVICE, LOW, call, report, subject, up
-from k3num.refmodel import attn_res as ref
+from k3num.properties.support import DEVICE, LOW, call, report, subject
 
-EPS = 1e-5
 SUBJECTS = [base.ATTN_RES_MIX, base.ATTN_RES_MIX_TRITON, base.ATTN_RES_MIX_EAGER]
-
-
-def mix_budget(engine, name: str, want: torch.Tensor, sources: torch.Tensor, q: torch.Tensor,
-               hidden: int, nvb: int) -> budgets.Budget:
-    """`oracles.budgets.mixture` with the logit rounding the subject declares (extras["logit_dtype"]:
-    a dtype, or for a dispatching subject a function of (hidden, nvb) giving the path's)."""
-    ldt = engine.extras.get("logit_dtype", {}).get(name)
-    if callable(ldt):
-        ldt = ldt(hidden, nvb)
-    return budgets.mixture(want, sources, q, hidden, EPS, LOW, rounding=engine.rounding, logit_dtype=ldt)
 
 
 @pytest.mark.parametrize("hidden", [64, 1024])
@@ -46,9 +35,7 @@ def check_read_only_mixture(engine, name: str, tokens: int, hidden: int, nvb: in
     norm, proj = d.positive((hidden,)).to(LOW), d.normal((hidden,), hidden**-0.5).to(LOW)
     before = (prefix.clone(), bank.clone())
     out = call(engine, fn, prefix, bank, nvb, norm, proj, EPS)
-    want, _, _ = ref.attn_res(up(prefix), None, up(bank), up(norm), up(proj), None, nvb, -1, EPS, 0.0)
-    sources = torch.cat([up(bank[:, :nvb]), up(prefix)[:, None]], 1)
-    budget = mix_budget(engine, name, want, sources, up(norm) * up(proj), hidden, nvb)
+    want, budget = judges.read_only_mixture(engine, name, prefix, bank, nvb, norm, proj, EPS)
     report(judge(property="read_only_mixture_within_rounding_budget", engine=engine, subject=name, actual=out,
                  reference=want, budget=budget, seed=seed, reduction_len=hidden, detail=f"nvb={nvb}"))
     assert torch.equal(prefix, before[0]) and torch.equal(bank, before[1]), "a read-only mixture wrote its inputs"

@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 from k3num.engines import base
 from k3num.fixtures.builders import TapInputs, tap_inputs, upcast_weights
 from k3num.fixtures.strategies import TapCase, tap_cases
+from k3num.harness.judges import mixture_budget
 from k3num.oracles import budgets
 from k3num.oracles.drift import COLLECTOR
 from k3num.oracles.records import INFO, judge
 from k3num.properties.support import DEVICE, LOW, assert_bitwise, report, subject, up
-from k3num.properties.test_attn_res import mixture_budget
 from k3num.refmodel import attn_res as ref
 
 EPS = 1e-5

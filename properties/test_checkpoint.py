@@ -22,10 +22,10 @@ from k3num.engines import base
 from k3num.engines.mirror import context_kv as eager
 from k3num.fixtures import checkpoint as ckpt
 from k3num.fixtures.tensors import Draw
+from k3num.harness.judges import EPS, OUT_EPS, attn_res_oracle
 from k3num.oracles import budgets
 from k3num.oracles.records import judge
 from k3num.properties.support import DEVICE, LOW, report, subject, up
-from k3num.properties.test_attn_res import EPS, OUT_EPS, attn_res_oracle
 from k3num.properties.test_quantized_loading import _refused
 from k3num.refmodel import mla, quant
 

@@ -9,26 +9,10 @@ from k3num.engines import base
 from k3num.engines.mirror import context_kv as eager
 from k3num.fixtures.builders import CACHE_LAYOUTS, context_kv_inputs, paged_caches, same_views
 from k3num.fixtures.strategies import ContextKVCase, context_kv_cases
-from k3num.oracles import budgets
+from k3num.harness import judges
+from k3num.harness.judges import EPS
 from k3num.oracles.records import judge
-from k3num.properties.support import DEVICE, LOW, assert_bitwise, report, subject, up
-from k3num.refmodel import mla, rope
-
-
-def _oracle(case: ContextKVCase, inp) -> tuple[torch.Tensor, torch.Tensor]:
-    return mla.context_kv(up(inp.x), up(inp.kv_a), up(inp.norm), inp.positions, case.rope, 1e-5)
-
-
-def _acc_terms(case: ContextKVCase, inp) -> tuple[float, float]:
-    """fp32 accumulation (probabilistic bound on |x|.|w|) mapped through the norm's gain, and
-    the fp32 angle error of the rope cache (oracles.budgets.fp32_angle_rope_rtol)."""
-    absdot = (up(inp.x).abs() @ up(inp.kv_a).abs().reshape(-1, case.hidden).T).max().item()
-    y = torch.einsum("nh,lwh->lnw", up(inp.x), up(inp.kv_a))[..., : case.kv_lora]
-    rms_min = y.square().mean(-1).sqrt().min().item()
-    gain = up(inp.norm).abs().max().item() / max(rms_min, 1e-300)
-    acc = budgets.probabilistic(case.hidden, budgets.U32) * absdot
-    theta = float(inp.positions.max()) * float(rope.inv_freq(case.rope).max())
-    return acc * max(gain, 1.0), budgets.fp32_angle_rope_rtol(theta)
+from k3num.properties.support import DEVICE, LOW, assert_bitwise, report, subject
 
 
 @given(case=context_kv_cases())
@@ -39,34 +23,26 @@ def test_fused_context_kv_within_budget_of_unfused_baseline(engine, case: Contex
 def check_fused_within_budget_of_unfused(engine, case: ContextKVCase, device: str) -> None:
     fused = subject(engine, base.CONTEXT_KV_FUSED)
     inp = context_kv_inputs(case, LOW, device)
-    kv_c, k_pe = fused(inp.x, inp.kv_a, inp.norm, inp.positions, case.rope, 1e-5)
-    b_c, b_pe = eager.context_kv_unfused(inp.x, inp.fused_qkv_a, inp.norm, inp.positions, case.rope, 1e-5)
-    ref_c, ref_pe = _oracle(case, inp)
-    for name, out, base_out, ref in (("kv_c", kv_c, b_c, ref_c), ("k_pe", k_pe, b_pe, ref_pe)):
-        base_err = (up(base_out) - ref).abs().max().item()
-        budget = budgets.baseline_rule(base_err, ref.abs().max().item(), LOW)
+    kv_c, k_pe = fused(inp.x, inp.kv_a, inp.norm, inp.positions, case.rope, EPS)
+    baseline = eager.context_kv_unfused(inp.x, inp.fused_qkv_a, inp.norm, inp.positions, case.rope, EPS)
+    want = judges.fused_context_kv(inp.x, inp.kv_a, inp.norm, inp.positions, case.rope, EPS, baseline)
+    for name, out in (("kv_c", kv_c), ("k_pe", k_pe)):
         report(judge(property="fused_within_budget_of_unfused", engine=engine, subject=base.CONTEXT_KV_FUSED,
-                     actual=out, reference=ref, budget=budget, seed=case.seed, reduction_len=case.hidden,
-                     detail=f"{name};L={case.num_layers};rope={case.rope.style}"))
+                     actual=out, reference=want[name].reference, budget=want[name].budget, seed=case.seed,
+                     reduction_len=want[name].reduction_len,
+                     detail=f"{name};L={case.num_layers};rope={case.rope.style};q_lora={case.q_lora}"))
 
 
 @given(case=context_kv_cases())
 def test_unfused_context_kv_within_rounding_budget_of_oracle(engine, case: ContextKVCase) -> None:
     unfused = subject(engine, base.CONTEXT_KV_UNFUSED)
     inp = context_kv_inputs(case, LOW, DEVICE)
-    kv_c, k_pe = unfused(inp.x, inp.fused_qkv_a, inp.norm, inp.positions, case.rope, 1e-5)
-    ref_c, ref_pe = _oracle(case, inp)
-    acc, angle = _acc_terms(case, inp)
-    # kv_c: GEMM output rounding (1), the rms of the rounded values (1), the output rounding (1) -> 3.
-    # k_pe: GEMM output rounding carried through the rotation ((|a|+|b|) u <= 2u max|ref|: 2) and the
-    # output rounding (1) -> 3, plus the fp32 rope-cache angle error.
-    for name, out, ref, extra in (("kv_c", kv_c, ref_c, acc), ("k_pe", k_pe, ref_pe, 0.0)):
-        ref_max = ref.abs().max().item()
-        term = extra + (angle * ref_max if name == "k_pe" else 0.0)
-        budget = budgets.theory_rule(ref_max, LOW, 3, acc_term=term, acc_rule="fp32 acc+angle")
+    kv_c, k_pe = unfused(inp.x, inp.fused_qkv_a, inp.norm, inp.positions, case.rope, EPS)
+    want = judges.unfused_context_kv(inp.x, inp.fused_qkv_a, inp.norm, inp.positions, case.rope, EPS)
+    for name, out in (("kv_c", kv_c), ("k_pe", k_pe)):
         report(judge(property="unfused_within_rounding_budget", engine=engine, subject=base.CONTEXT_KV_UNFUSED,
-                     actual=out, reference=ref, budget=budget, seed=case.seed, reduction_len=case.hidden,
-                     detail=name))
+                     actual=out, reference=want[name].reference, budget=want[name].budget, seed=case.seed,
+                     reduction_len=want[name].reduction_len, detail=name))
 
 
 @given(case=context_kv_cases(min_layers=2))

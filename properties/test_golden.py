@@ -19,10 +19,10 @@ import torch
 from k3num.engines import base
 from k3num.engines.mirror import context_kv as eager
 from k3num.fixtures import golden
+from k3num.harness.judges import EPS, OUT_EPS, mixture_budget
 from k3num.oracles import budgets
 from k3num.oracles.records import judge
 from k3num.properties.support import DEVICE, LOW, report, subject, up
-from k3num.properties.test_attn_res import EPS, OUT_EPS, mixture_budget
 from k3num.refmodel import geometry
 
 GOLDEN_ENV = "K3NUM_GOLDEN"

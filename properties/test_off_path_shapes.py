@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 from k3num.engines import base
 from k3num.fixtures.builders import attn_res_inputs
 from k3num.fixtures.strategies import AttnResCase, seeds
+from k3num.harness.judges import EPS, OUT_EPS
 from k3num.oracles import hunt
 from k3num.oracles.drift import COLLECTOR
 from k3num.oracles.records import INFO, Record
 from k3num.properties.support import DEVICE, LOW, subject
-from k3num.properties.test_attn_res import EPS, OUT_EPS
 from k3num.properties.test_poisoned_memory import check_poisoned_attn_res, check_poisoned_mixture
 
 OFF_GRID_HIDDEN = [24, 40, 96, 100, 200, 1000, 1536]

@@ -10,12 +10,12 @@ from k3num.engines import base
 from k3num.engines.mirror import projection as eager
 from k3num.fixtures.builders import ProjectionInputs, cancelling_projection_inputs, projection_inputs
 from k3num.fixtures.strategies import ProjectionCase, projection_cases
+from k3num.harness import judges
+from k3num.harness.judges import EPS
 from k3num.oracles import budgets
 from k3num.oracles.records import judge
 from k3num.properties.support import DEVICE, LOW, assert_bitwise, call, report, subject, up
-from k3num.refmodel import partial_projection as ref
 
-EPS = 1e-5
 TRANSFER = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -27,30 +27,17 @@ def _sharded(engine, inp: ProjectionInputs, case: ProjectionCase, transfer: torc
     return partials, call(engine, finalize, partials, inp.norm, EPS, transfer, list(case.order))
 
 
-def _oracle(inp: ProjectionInputs) -> torch.Tensor:
-    return ref.project_context(up(inp.taps), up(inp.fc), up(inp.norm), EPS)
-
-
 def _tap_products(inp: ProjectionInputs) -> list[torch.Tensor]:
     """p_i = taps[i] @ fc[:, block i]^T in float64, [N, H_out] each: the exact per-tap projections."""
     h = inp.taps.shape[2]
     return [up(inp.taps[i]) @ up(inp.fc[:, i * h : (i + 1) * h]).T for i in range(inp.taps.shape[0])]
 
 
-def _row_gain(inp: ProjectionInputs, y: torch.Tensor | None = None) -> torch.Tensor:
-    """|w_j| / rms_i of the exact pre-norm sum y (computed when not given), [N, H_out]: how the norm
-    scales a pre-norm error."""
-    if y is None:
-        k, n, h = inp.taps.shape
-        y = up(inp.taps).permute(1, 0, 2).reshape(n, k * h) @ up(inp.fc).T
-    return up(inp.norm).abs()[None, :] / y.square().mean(-1, keepdim=True).sqrt().clamp(min=1e-300)
-
-
 @given(case=projection_cases())
 def test_partial_sum_is_exact_in_float64_for_every_stage_partition(engine, case: ProjectionCase) -> None:
     inp = projection_inputs(case, torch.float64, DEVICE)
     _, got = _sharded(engine, inp, case, torch.float64)
-    want = _oracle(inp)
+    want = judges.projection_oracle(inp.taps, inp.fc, inp.norm, EPS)
     tol = budgets.f64_identity_rtol(case.reduction_len)
     budget = budgets.Budget(tol * want.abs().max().item(), f"f64_identity_rtol({case.reduction_len})*max|ref|")
     report(judge(property="partial_sum_exact_in_float64", engine=engine, subject=base.FINALIZE_PROJECTION,
@@ -116,7 +103,7 @@ def check_sharded_within_budget_of_unsharded(engine, case: ProjectionCase, trans
     inp = projection_inputs(case, LOW, device) if inp is None else inp
     partials, got = _sharded(engine, inp, case, TRANSFER[transfer])
     baseline = eager.project_unsharded(inp.taps, inp.fc, inp.norm, EPS)
-    want = _oracle(inp)
+    want = judges.projection_oracle(inp.taps, inp.fc, inp.norm, EPS)
     base_err = (up(baseline) - want).abs().max().item()
     # What sharding adds by construction (a derived term on top of rule 1): each of the S partials is
     # rounded to its dtype (u_p |p_s|) and the S additions in the transfer dtype each round the running
@@ -133,7 +120,7 @@ def check_sharded_within_budget_of_unsharded(engine, case: ProjectionCase, trans
     # plus the roundings the engine declares inside its path that the returned partials do not show
     products = _tap_products(inp)  # once: the gain's exact sum and the declared per-tap terms
     more, more_rule = declared_rounding_terms(engine, products, acc_max) if count_declared else (0.0, "")
-    extra = (2 * (pre + more) * _row_gain(inp, sum(products))).max().item()
+    extra = (2 * (pre + more) * judges.row_gain(inp.taps, inp.fc, inp.norm, sum(products))).max().item()
     budget = budgets.baseline_rule(base_err, want.abs().max().item(), LOW, extra=extra,
                                    extra_rule=f"2*gain*(u_p*sum|p_s|+gamma_S(u_t)*max|acc|{more_rule})")
     report(judge(property=prop, engine=engine, subject=base.FINALIZE_PROJECTION,
@@ -182,13 +169,7 @@ def test_unsharded_projection_within_rounding_budget_of_oracle(engine, case: Pro
     project = subject(engine, base.PROJECT_UNSHARDED)
     inp = projection_inputs(case, LOW, DEVICE)
     got = project(inp.taps, inp.fc, inp.norm, EPS)
-    want = _oracle(inp)
-    k, n, h = inp.taps.shape
-    absdot = (up(inp.taps).abs().permute(1, 0, 2).reshape(n, k * h) @ up(inp.fc).abs().T).max().item()
-    acc = 2 * budgets.probabilistic(k * h, budgets.U32) * absdot * _row_gain(inp).max().item()
-    # GEMM output rounding (1), the rms of the rounded sum (1), the output rounding (1) -> 3
-    budget = budgets.theory_rule(want.abs().max().item(), LOW, 3, acc_term=acc, acc_rule="2*gain*fp32 acc")
+    want = judges.unsharded_projection(inp.taps, inp.fc, inp.norm, EPS)
     report(judge(property="unsharded_within_rounding_budget", engine=engine, subject=base.PROJECT_UNSHARDED,
-                 actual=got, reference=want, budget=budget, seed=case.seed, reduction_len=case.reduction_len))
-
-
+                 actual=got, reference=want.reference, budget=want.budget, seed=case.seed,
+                 reduction_len=want.reduction_len))

@@ -36,8 +36,8 @@ def main() -> None:
     from k3num.engines import base, registry
     from k3num.fixtures.builders import attn_res_inputs
     from k3num.fixtures.strategies import AttnResCase
+    from k3num.harness.judges import EPS, OUT_EPS, mixture_budget
     from k3num.properties.support import up
-    from k3num.properties.test_attn_res import EPS, OUT_EPS, mixture_budget
     from k3num.refmodel import attn_res as ref
 
     rows = []

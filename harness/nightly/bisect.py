@@ -54,6 +54,8 @@ def candidates(repo: Path, good: str, bad: str) -> list[str]:
 class Outcome:
     first_bad: list[str]  # one commit, or the candidates when skipped commits hide which
     verdicts: dict[str, str] = field(default_factory=dict)  # commit -> good/bad/skip, in test order
+    # commits judged with the bundle's own budget (its rule is not recomputed by this harness)
+    not_recomputed: list[str] = field(default_factory=list)
 
 
 def search(commits: list[str], judge: Callable[[str], str], log: Callable[[str], None] = print) -> Outcome:
@@ -90,12 +92,28 @@ def engine_files_present(tree: Path, engine: str) -> list[str]:
     return [rel for rel in fetch.PINS[engine].files if not (tree / rel).is_file()]
 
 
-def replay_judge(engine: str, bundle: Path, device: str = "cpu") -> Callable[[Path], str]:
-    def judge(tree: Path) -> str:
-        r = subprocess.run([sys.executable, "-m", "k3num.harness.cli", "replay", str(bundle), "--engine-src",
-                            f"{engine}={tree}", "--device", device], capture_output=True, text=True)
+# what `k3num replay` says when it judged with the bundle's own reference and budget
+NOT_RECOMPUTED = "budget not recomputed"
+
+
+class _ReplayJudge:
+    """`k3num replay BUNDLE --engine-src ENGINE=TREE` per tree; `notes` keeps, per tree, the verdict
+    lines that were judged with the bundle's own budget (an older rule this harness cannot recompute)."""
+
+    def __init__(self, engine: str, bundle: Path, device: str) -> None:
+        self.engine, self.bundle, self.device = engine, bundle, device
+        self.notes: dict[Path, str] = {}
+
+    def __call__(self, tree: Path) -> str:
+        r = subprocess.run([sys.executable, "-m", "k3num.harness.cli", "replay", str(self.bundle), "--engine-src",
+                            f"{self.engine}={tree}", "--device", self.device], capture_output=True, text=True)
+        if NOT_RECOMPUTED in r.stdout:
+            self.notes[tree] = r.stdout.strip().splitlines()[-1]
         return GOOD if r.returncode == 0 else BAD if r.returncode == 1 else SKIP
-    return judge
+
+
+def replay_judge(engine: str, bundle: Path, device: str = "cpu") -> Callable[[Path], str]:
+    return _ReplayJudge(engine, bundle, device)
 
 
 def pytest_judge(engine: str, kexpr: str, profile: str = "ci") -> Callable[[Path], str]:
@@ -128,6 +146,7 @@ def bisect(repo: Path, engine: str, good: str, bad: str, judge_tree: Callable[[P
     commits = candidates(repo, g, b)
     if not commits:
         raise BisectError(f"no commit between --good {good} and --bad {bad}")
+    not_recomputed: list[str] = []
     with tempfile.TemporaryDirectory(prefix="k3num-bisect-") as tmp:
         def judge(commit: str) -> str:
             wt = Path(tmp) / commit[:12]
@@ -138,7 +157,10 @@ def bisect(repo: Path, engine: str, good: str, bad: str, judge_tree: Callable[[P
                     log(f"[bisect] {commit[:12]}: the engine files are missing ({', '.join(missing[:3])}"
                         f"{', ...' if len(missing) > 3 else ''}): skipped")
                     return SKIP
-                return judge_tree(wt)
+                verdict = judge_tree(wt)
+                if wt in getattr(judge_tree, "notes", {}):
+                    not_recomputed.append(commit)
+                return verdict
             finally:
                 git(repo, "worktree", "remove", "--force", str(wt))
 
@@ -149,6 +171,7 @@ def bisect(repo: Path, engine: str, good: str, bad: str, judge_tree: Callable[[P
                 raise BisectError(f"--{want} {rev[:12]} judges {v}, not {want}: nothing to bisect")
         out = search(commits, judge, log=log)
         out.verdicts = {g: GOOD, b: BAD, **out.verdicts}
+        out.not_recomputed = not_recomputed
     git(repo, "worktree", "prune")
     return out
 

@@ -20,6 +20,7 @@ import base64
 import html
 import math
 import re
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -69,12 +70,16 @@ def worst_cases(run: dict, top: int = 15) -> pd.DataFrame:
     repro = str(run["meta"].get("repro_dir", "") or "")
 
     def command(r: pd.Series) -> str:
+        # the history is a file a user may receive: every value it puts into a command is shell-quoted,
+        # so a copied command runs the harness on that node and nothing else
+        q = shlex.quote
         bundle = f"{r['property']}-{r['engine']}-worst.safetensors"
         if repro and (Path(repro) / bundle).exists():
-            return f"k3num replay {Path(repro) / bundle}"
-        node = r.get("node", "") or f"properties -k {r['property']}"
-        return (f"python -m pytest '{node}' --engine {r['engine']} --repro-dir R --repro-all; "
-                f"k3num replay R/{bundle}")
+            return f"k3num replay {q(str(Path(repro) / bundle))}"
+        node = str(r.get("node", "") or "")
+        select = q(node) if node else f"properties -k {q(str(r['property']))}"
+        return (f"python -m pytest {select} --engine {q(str(r['engine']))} --repro-dir R --repro-all; "
+                f"k3num replay {q('R/' + bundle)}")
 
     w["replay"] = w.apply(command, axis=1)
     return w[["engine", "subject", "property", "ratio", "max_abs", "budget", "shape", "seed", "ledger", "replay"]]

@@ -124,6 +124,43 @@ def unmask_source_columns(text: str, path: str) -> str:
     return "".join(lines)
 
 
+def record_mix_fused_calls(text: str, path: str) -> str:
+    """Instrumentation for the planted bugs below: `_mix_fused` (the launcher of SGLang's score and
+    combine kernels) appends the running pytest node id to the file K3NUM_PLANT_LOG names, so the
+    isolation proof knows exactly which tests called the broken kernel (scripts/gpu_isolation.py)."""
+    lines = text.splitlines(keepends=True)
+    lo, hi = _lines_of(text, "_mix_fused", path)
+    i = _one(lines, lo, hi, r"^\s*T, H = prefix_sum\.shape\s*$", path)
+    indent = re.match(r"^(\s*)", lines[i]).group(1)
+    lines.insert(i, f"{indent}import os as _k3os  # k3num instrumentation: who calls the planted kernel\n"
+                    f"{indent}if _k3os.environ.get('K3NUM_PLANT_LOG'):\n"
+                    f"{indent}    with open(_k3os.environ['K3NUM_PLANT_LOG'], 'a') as _k3log:\n"
+                    f"{indent}        _k3log.write(_k3os.environ.get('PYTEST_CURRENT_TEST', '?').split(' ')[0]"
+                    f" + '\\n')\n")
+    return "".join(lines)
+
+
+def scale_combined_mixture(text: str, path: str) -> str:
+    """Planted bug (numeric): `_combine_kernel` stores twice the mixture. Every property that judges a
+    mixture this kernel computes must fail; nothing else may."""
+    lines = text.splitlines(keepends=True)
+    lo, hi = _lines_of(text, "_combine_kernel", path)
+    i = _one(lines, lo, hi, r"^\s*acc\.to\(out_ptr\.dtype\.element_ty\),\s*$", path)
+    lines[i] = lines[i].replace("acc.to(", "(acc * 2.0).to(")
+    return "".join(lines)
+
+
+def combine_store_out_of_bounds(text: str, path: str) -> str:
+    """Planted bug (an illegal address): `_combine_kernel` stores 2^40 elements past its output, which
+    leaves the CUDA context unusable; the harness must stop that worker's later tests as 'not run:
+    CUDA context lost', not report them failed."""
+    lines = text.splitlines(keepends=True)
+    lo, hi = _lines_of(text, "_combine_kernel", path)
+    i = _one(lines, lo, hi, r"^\s*out_ptr \+ pid_t \* stride_om \+ offs_h,\s*$", path)
+    lines[i] = lines[i].replace("offs_h,", "offs_h + (1 << 40),")
+    return "".join(lines)
+
+
 def split_context_projection(text: str, path: str) -> str:
     """Drift (not a bug the properties catch): project_target_hidden's one GEMM over all taps becomes two
     GEMMs over the halves of the taps, each rounded to the weight dtype, summed there: two extra roundings
@@ -190,6 +227,18 @@ TREE_MUTANTS: tuple[Fix, ...] = (
 )
 
 
+# bugs planted in one kernel for the GPU isolation proof (scripts/gpu_isolation.py): the tests that fail
+# must be exactly those that call the kernel (the instrumentation records them), and an illegal address
+# must stop the worker's later tests as not run, not fail them
+PLANTED: tuple[Fix, ...] = (
+    Fix("combine-scaled", "sglang", ((SGLANG_ATTN, record_mix_fused_calls), (SGLANG_ATTN, scale_combined_mixture)),
+        ("sglang",), ("properties",), gpu=True),
+    Fix("combine-illegal-address", "sglang", ((SGLANG_ATTN, record_mix_fused_calls),
+                                              (SGLANG_ATTN, combine_store_out_of_bounds)), ("sglang",),
+        ("properties",), gpu=True),
+)
+
+
 # within-budget drifts of real engine code: every property still passes, the ratios move; the
 # regression gate must notice (tests/test_history_gate.py)
 DRIFTS: tuple[Fix, ...] = (
@@ -199,10 +248,10 @@ DRIFTS: tuple[Fix, ...] = (
 
 
 def by_id(fix_id: str) -> Fix:
-    for f in FIXES + TREE_MUTANTS + DRIFTS:
+    for f in FIXES + TREE_MUTANTS + DRIFTS + PLANTED:
         if f.id == fix_id:
             return f
-    raise ValueError(f"unknown fix {fix_id!r}; known: {[f.id for f in FIXES + TREE_MUTANTS + DRIFTS]}")
+    raise ValueError(f"unknown fix {fix_id!r}; known: {[f.id for f in FIXES + TREE_MUTANTS + DRIFTS + PLANTED]}")
 
 
 def patched_tree(fix: Fix, dest: Path) -> Path:

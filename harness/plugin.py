@@ -306,6 +306,46 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
         raise pytest.UsageError(str(e)) from e
 
 
+# K3NUM_MEMORY_LOG=PATH: one CSV line per test with its CUDA memory (the GPU isolation proof,
+# scripts/gpu_isolation.py): the peak allocated during the test, and what is still allocated after its
+# teardown, before and after a garbage collection (memory a failed test keeps alive)
+MEMORY_LOG_ENV = "K3NUM_MEMORY_LOG"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    path = os.environ.get(MEMORY_LOG_ENV)
+    cuda = bool(path) and torch.cuda.is_available()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    yield
+    if not cuda:
+        return
+    import gc
+
+    try:
+        peak, held = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
+        gc.collect()
+        held_gc, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    except Exception as e:  # a lost context answers nothing: say so in the log
+        peak = held = held_gc = reserved = -1
+        note = f"{type(e).__name__}: {str(e)[:120]}"
+    else:
+        note = ""
+    outcome = getattr(item, "_k3num_outcome", "")
+    with open(path, "a") as fh:
+        fh.write(",".join(str(v).replace(",", ";") for v in (item.nodeid, outcome, peak, held, held_gc, reserved,
+                                                              note)) + "\n")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.when == "call" or (rep.when == "setup" and rep.outcome != "passed"):
+        item._k3num_outcome = rep.outcome  # type: ignore[attr-defined]
+
+
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     """Rewrite the drift CSV after every test that added records, so a run cut short (a job's time
     limit, SIGINT) keeps what it measured; the session end writes it once more."""

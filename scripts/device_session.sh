@@ -8,7 +8,14 @@
 #     K3NUM_ENGINE_CACHE=$PWD/engine-cache k3num fetch
 #   and carry engine-cache/ without its wheels/ folder (about 0.5 MB).
 # Usage: scripts/device_session.sh OUT [PARTS]
-#   PARTS: comma-separated, any of ops,bench,race,k3,small,hunt,sanitize,golden,k3det,scale
+#   PARTS: comma-separated, any of ops,bench,race,k3,small,hunt,sanitize,golden,k3det,scale,stores,isolation
+#   `stores` captures the bf16 stores of the pinned Triton kernels on stored inputs
+#   (`python -m k3num.harness.store_golden capture OUT/bf16_stores_h200.safetensors`: what the CPU
+#   interpreter's rounding is checked against, tests/test_interpreter_rounding.py).
+#   `isolation` plants a bug in one SGLang kernel and runs the suite on it (scripts/gpu_isolation.py):
+#   the control (pinned files), a wrong mixture, an illegal address; K3NUM_ISOLATION_PROFILE (ci),
+#   K3NUM_ISOLATION_TIMEOUT seconds each (240), K3NUM_ISOLATION_PLANTS (none combine-scaled
+#   combine-illegal-address).
 #   (default: bench,race,k3,small).
 #   `golden` times the golden-set judge against the live float64 oracle at K3 shapes (bench/golden_speed.py).
 #   `k3det` runs the K3-shape determinism property (152 calls per example) under K3NUM_K3DET_PROFILE
@@ -42,8 +49,8 @@ out=${1:?usage: scripts/device_session.sh OUT [PARTS]}
 parts=",${2:-bench,race,k3,small},"
 want() { [[ "$parts" == *",$1,"* ]]; }
 for p in ${parts//,/ }; do
-    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale) ;;
-        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale)"
+    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation) ;;
+        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation)"
            exit 2;; esac
 done
 mkdir -p "$out"
@@ -63,7 +70,23 @@ small_engines=${K3NUM_SMALL_ENGINES:-vllm vllm-rocm sglang tokenspeed}
 for e in vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
-bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0
+bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0
+if want stores; then
+    echo "== bf16 stores of the pinned Triton kernels on stored inputs"
+    python -m k3num.harness.store_golden capture "$out/bf16_stores_h200.safetensors" 2>&1 | tail -n 5
+    stores=${PIPESTATUS[0]}
+fi
+if want isolation; then
+    echo "== isolation: one planted kernel bug on the GPU"
+    for plant in ${K3NUM_ISOLATION_PLANTS:-none combine-scaled combine-illegal-address}; do
+        python scripts/gpu_isolation.py --plant "$plant" --out "$out/isolation-$plant" \
+            --profile "${K3NUM_ISOLATION_PROFILE:-ci}" --timeout "${K3NUM_ISOLATION_TIMEOUT:-240}" \
+            ${K3NUM_ISOLATION_ARGS:-} || isolation=1
+        cp "$out/isolation-$plant/isolation.md" "$out/isolation-$plant.md" 2>/dev/null
+        cp "$out/isolation-$plant/isolation.csv" "$out/isolation-$plant.csv" 2>/dev/null
+        rm -rf "$out/isolation-$plant/tree"
+    done
+fi
 if want golden; then
     echo "== golden set against the live oracle at K3 shapes"
     python bench/golden_speed.py --device cuda --cases "${K3NUM_GOLDEN_CASES:-4}" --csv "$out/golden.csv" \
@@ -176,5 +199,5 @@ if [ -n "$k3_pid" ]; then wait "$k3_pid"; k3=$?; cat "$out/k3.log"; fi
 if [ -n "$small_pid" ]; then wait "$small_pid"; small=$?; cat "$out/small.log"; fi
 dirs=(); for d in k3 small; do [ -d "$out/$d" ] && dirs+=("$d"); done
 [ ${#dirs[@]} -gt 0 ] && tar czf "$out/properties.tgz" -C "$out" "${dirs[@]}"
-echo "device_session: golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
-[ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]
+echo "device_session: stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
+[ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]

@@ -64,6 +64,7 @@ def build() -> base.Engine:
     interpret = not torch.cuda.is_available()
     if interpret:
         triton_support.require_interpreter()
+        triton_support.round_bf16_to_nearest_even()
     mod = _load_attn_residual(root / ATTN_PY, interpret)
     fkw = _load_plain_triton(root / FKW_PY, interpret, "fused_kv_write")
     try:
@@ -108,8 +109,8 @@ def _engine(version: str, mode: str, real_ops: str, mod: Any, fkw: Any, pairs: A
                                 # Triton pair reads and writes by whole 1024 tiles, K3N-008); the budget there
                                 # is that of the eager fallback aggregate_stream takes for those shapes
                                 base.ATTN_RES_RESIDUAL: _dispatched_logit_dtype}},
-        storage_rounding=None, rounding="toward_zero" if interpret else "nearest",
-        mode_note="; ".join(filter(None, [note, triton_support.RUNTIME_RANGE_ADAPTATION if interpret else ""])),
+        mode_note="; ".join(filter(None, [note, *((triton_support.RUNTIME_RANGE_ADAPTATION,
+                                                  triton_support.NEAREST_EVEN_ADAPTATION) if interpret else ())])),
     )
 
 

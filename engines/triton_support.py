@@ -3,7 +3,8 @@
 - `require_interpreter`: choose TRITON_INTERPRET=1 before triton's first import (no CUDA here).
 - `triton_modules`: (triton, triton.language), or EngineUnavailable naming the missing package and
   the extra that brings it.
-- `truncate_to_bf16`: the interpreter's float32 -> bfloat16 conversion (toward zero, BRIEF §4 quirk a).
+- `round_bf16_to_nearest_even`: the interpreter patched to round float32 -> bfloat16 as the GPU does
+  (it truncates toward zero otherwise); `truncate_to_bf16` is what it did.
 - `index_runtime_ranges`: the interpreter adaptation that lets a kernel loop `range(...)` over a
   runtime kernel argument (see its docstring); applied at load time, in interpreter mode only.
 """
@@ -49,9 +50,55 @@ def triton_modules(engine: str) -> tuple[Any, Any]:
 
 
 def truncate_to_bf16(x: torch.Tensor) -> torch.Tensor:
-    """float32 -> bfloat16 rounding toward zero (the Triton interpreter's conversion, quirk a)."""
+    """float32 -> bfloat16 rounding toward zero: what triton 3.6's unpatched interpreter does (quirk a);
+    kept to show the patch below matters (tests/test_interpreter_rounding.py)."""
     bits = x.float().contiguous().view(torch.int32) & ~0xFFFF
     return bits.view(torch.float32).to(torch.bfloat16)
+
+
+# --- the nearest-even adaptation ------------------------------------------------------------------
+
+NEAREST_EVEN_ADAPTATION = (
+    "interpreter adaptation: float32 -> bfloat16 casts round to nearest even as on the GPU (the interpreter "
+    "truncates; engines/triton_support.py)")
+
+
+def _bf16_nearest_even(data: Any) -> Any:
+    """float32 array -> its bfloat16 bit patterns (uint16), rounded to nearest even by torch."""
+    import numpy as np
+
+    a = np.ascontiguousarray(np.asarray(data, dtype=np.float32))
+    bits = torch.from_numpy(a.reshape(-1).copy()).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    return bits.reshape(a.shape)
+
+
+def round_bf16_to_nearest_even() -> None:
+    """Patch the interpreter (idempotent): its float32 -> bfloat16 casts round to nearest even
+    (NEAREST_EVEN_ADAPTATION). Installed by the adapters before they load a kernel in interpreter mode;
+    an explicit `fp_downcast_rounding="rtz"` keeps rounding toward zero."""
+    from triton.runtime import interpreter as interp
+
+    tl = triton_modules("triton")[1]
+    builder = interp.InterpreterBuilder
+    if getattr(builder, "_k3num_nearest_even", False):
+        return
+    cast_impl, fp_to_fp = builder.cast_impl, builder.create_fp_to_fp
+    rtne = interp._ir.ROUNDING_MODE.RTNE
+
+    def patched_cast(self: Any, src: Any, dst_type: Any) -> Any:
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            return interp.TensorHandle(_bf16_nearest_even(src.data), dst_type.scalar)
+        return cast_impl(self, src, dst_type)
+
+    def patched_fp_to_fp(self: Any, src: Any, dst_type: Any, rounding_mode: Any) -> Any:
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16 and rounding_mode in (None, rtne):
+            return interp.TensorHandle(_bf16_nearest_even(src.data), dst_type.scalar)
+        return fp_to_fp(self, src, dst_type, rounding_mode)
+
+    builder._k3num_original = (cast_impl, fp_to_fp)  # what the interpreter did (the rounding test shows it)
+    builder.cast_impl = patched_cast
+    builder.create_fp_to_fp = patched_fp_to_fp
+    builder._k3num_nearest_even = True
 
 
 # --- the runtime-range adaptation ---------------------------------------------------------------

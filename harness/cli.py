@@ -17,14 +17,21 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
+from pathlib import Path
 
 from k3num.supply import fetch
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
+    valid = fetch_targets()
+    unknown = [n for n in args.targets if n not in valid]
+    if unknown:  # before anything is downloaded: every valid name, the csrc targets included
+        print(f"[fetch] ERROR: unknown target(s) {', '.join(unknown)}; valid: {', '.join(valid)}", file=sys.stderr)
+        return 2
     status = 0
-    for name in args.targets or fetch_targets():
+    for name in args.targets or valid:
         try:
             if name.endswith("-csrc"):
                 fetch.fetch_csrc(name.removesuffix("-csrc"))
@@ -53,7 +60,6 @@ def cmd_build_ops(args: argparse.Namespace) -> int:
 
 
 def cmd_golden_write(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from k3num.fixtures import golden
 
@@ -71,7 +77,6 @@ def cmd_golden_write(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     import os
-    from pathlib import Path
 
     from k3num.harness import repro
 
@@ -91,7 +96,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_repro(args: argparse.Namespace) -> int:
     import subprocess
-    from pathlib import Path
 
     from k3num.oracles import ledger
 
@@ -122,7 +126,6 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     import pandas as pd
 
@@ -147,43 +150,57 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"[report] ERROR: {e}", file=sys.stderr)
         return 2
     meta = _report_meta(args, metas)
+    # what identifies the run: its CSVs and their sidecars (the sidecar holds the run's start time, so two
+    # derandomized runs with the same records are two runs, and one run reported twice is one)
+    meta["csv_sha256"] = hashlib.sha256(b"".join(
+        p.read_bytes() for c in args.csv for p in (Path(c), hist.meta_path(c)) if p.exists())).hexdigest()
     df = pd.concat(frames, ignore_index=True)
     past = hist.load_history(hdir)
     for f, why in past.bad:
         print(f"[report] WARNING: history file {f} skipped: {why}", file=sys.stderr)
     run = hist.summarize_run(df, meta)
+    # the same CSV bytes reported again: the run is in the history already, once
+    again = next((r for r in past.runs if r["meta"].get("csv_sha256") == meta["csv_sha256"]), None)
+    earlier = [r for r in past.runs if r is not again]
     verdicts, refused = None, None
     if args.gate:
         try:
-            verdicts = hist.gate(past.runs, run)
+            verdicts = hist.gate(earlier, run, allow_missing=args.allow_missing)
         except hist.HistoryError as e:
             refused = e
-    written = hist.write_run(hdir, run)
-    if refused is not None:  # the run still seeds the history; the gate itself does not pass
-        print(f"[report] ERROR: {refused}; this run was appended as {written}, so the next gated run has a "
-              "history", file=sys.stderr)
-        return 2
-    run["file"] = written.name
+    if again is None:
+        written = hist.write_run(hdir, run)
+        run["file"] = written.name
+        where = f"appended as {written}; {len(past.runs) + 1} runs in the history"
+        runs = [*past.runs, run]
+    else:
+        where = f"already in the history as {again['file']} (the same CSV bytes): not appended again"
+        runs = past.runs
     out = Path(args.out) if args.out else hdir / "report"
-    md, html_path = report.render([*past.runs, run], out, gate=verdicts, skipped=past.bad)
-    print(f"[report] run of {len(df)} records ({meta.get('profile', '?')}, {meta.get('device_name', '?')}) "
-          f"appended as {written}; {len(past.runs) + 1} runs in the history")
+    md, html_path = report.render(runs, out, gate=verdicts, skipped=past.bad)
+    print(f"[report] run of {len(df)} records ({meta.get('profile', '?')}, {meta.get('device_name', '?')}) {where}")
     print(f"[report] {md} and {html_path}")
+    if refused is not None:  # the run seeds the history and the report is written; the gate does not pass
+        print(f"[report] ERROR: {refused}", file=sys.stderr)
+        return 2
     if verdicts is None:
         return 0
     shown = verdicts[verdicts["verdict"].isin(["alarm", "ok"])]
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.3g}") if not shown.empty else
           "[report] gate: no group has history to compare with")
+    missing = verdicts[verdicts["verdict"] == "missing"]
+    for _, g in missing.iterrows():
+        print(f"[report] GATE: missing from this run: {hist.group_label(g)}", file=sys.stderr)
     alarms = verdicts[verdicts["verdict"] == "alarm"]
-    if not alarms.empty:
-        print(f"[report] GATE: {len(alarms)} group(s) drifted beyond the history's noise", file=sys.stderr)
+    if not alarms.empty or not missing.empty:
+        print(f"[report] GATE: {len(alarms)} group(s) drifted beyond the history's noise, {len(missing)} group(s) "
+              "of the history missing from this run", file=sys.stderr)
         return 1
     print(f"[report] gate passed: {len(shown)} group(s) within the history's noise")
     return 0
 
 
 def cmd_bisect(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from k3num.harness.nightly import bisect
 
@@ -252,7 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     b.set_defaults(func=cmd_build_ops)
     g = sub.add_parser("golden", help="golden sets: inputs and float64 oracle outputs stored as safetensors")
     gsub = g.add_subparsers(dest="golden_cmd", required=True, metavar="ACTION")
-    gw = gsub.add_parser("write", help="write a golden set (then judge with `pytest --golden DIR`)")
+    gw = gsub.add_parser("write", help="write a golden set (then judge with `bash scripts/run_properties.sh --golden "
+                                       "DIR`)", description="Write a golden set: inputs and float64 oracle outputs "
+                                       "with a hash-checked manifest. Judge an engine against it with `bash "
+                                       "scripts/run_properties.sh --golden DIR --engine NAME`.")
     gw.add_argument("--preset", required=True, help="k3-attnres, k3-dspark, tiny-attnres or tiny-dspark")
     gw.add_argument("--cases", type=int, required=True, help="number of cases")
     gw.add_argument("--out", required=True, help="an empty or new directory")
@@ -279,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--gate", action="store_true", help="compare the run with the history first: exit 1 on an alarm, "
                      "2 when there is no history (the run is still appended)")
     rep.add_argument("--check", action="store_true", help="only check that the history directory is writable")
+    rep.add_argument("--allow-missing", nargs="+", default=[], metavar="GROUP",
+                     help="with --gate: groups of the history this run may lack (engine[/subject[/property[/mode"
+                          "[/device]]]]); any other missing group fails the gate")
     rep.add_argument("--date", default=None, help="override the run's date (ISO 8601, UTC)")
     rep.add_argument("--profile", default=None, help="override the run's hypothesis profile")
     rep.add_argument("--device-name", default=None, help="override the run's device name")

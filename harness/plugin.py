@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from pathlib import Path
 
 from k3num.harness import scaleout
 
@@ -46,8 +47,11 @@ import torch
 from hypothesis import HealthCheck, Phase, settings
 
 from k3num.engines import registry
+from k3num.harness import accounting, isolation
 from k3num.oracles import ledger
 from k3num.oracles.drift import COLLECTOR, SM100_NOTE, covers_vllm_attn_res, summarize
+from k3num.oracles.records import NOT_RUN
+from k3num.oracles.records import not_run as not_run_record
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 if not _WORKER and torch.cuda.is_available():
@@ -78,6 +82,9 @@ MARKERS = (
 )
 
 
+OWN_TESTS_ENV = "K3NUM_OWN_TESTS"  # more folders whose tests the plugin treats as the harness's own
+
+
 @functools.cache
 def _own_dirs() -> tuple[str, ...]:
     """The folders whose tests are the harness's own: the installed (or linked) property package, and,
@@ -87,6 +94,8 @@ def _own_dirs() -> tuple[str, ...]:
 
     spec = importlib.util.find_spec("k3num.properties")
     dirs = [Path(p).resolve() for p in (spec.submodule_search_locations or [])] if spec else []
+    # your own tests written against k3num.api: the ledger, the gpu skips and the isolation apply there too
+    dirs += [Path(p).expanduser().resolve() for p in os.environ.get(OWN_TESTS_ENV, "").split(os.pathsep) if p]
     checkout = Path(__file__).resolve().parents[1]
     if (checkout / "pyproject.toml").is_file() and (checkout / "k3num").is_dir():
         dirs.append(checkout)
@@ -162,6 +171,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="with --repro-dir, also write the worst comparison of each property (<property>-<engine>-worst)",
     )
     group.addoption(
+        "--drift-dir",
+        default=None,
+        metavar="DIR",
+        help="write this run's records to DIR/runs/drift-<UTC time>.csv (and its .meta.json) and point the link "
+        "DIR/drift.csv at it: a run never overwrites another's (scripts/run_properties.sh's default: out)",
+    )
+    group.addoption(
         "--drift-csv",
         default=None,
         metavar="PATH",
@@ -169,11 +185,59 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Bad input stops before the run, one line each naming the flag and the fix (pytest's usage error,
+    exit 4): an unknown hypothesis profile, an unknown engine, a drift CSV or folder that cannot be
+    written. Runs before any plugin's pytest_configure (hypothesis' would raise an internal error)."""
+    from hypothesis.errors import InvalidArgument
+
+    profile = config.getoption("hypothesis_profile", None)
+    if profile:
+        try:
+            settings.get_profile(profile)
+        except InvalidArgument:
+            known = sorted(getattr(settings, "_profiles", {}))
+            raise pytest.UsageError(f"--hypothesis-profile {profile}: not a registered profile; registered: "
+                                    f"{', '.join(known)}") from None
+    opt = config.getoption("--engine")
+    if opt:
+        names = [n.strip() for n in opt.split(",") if n.strip()]
+        unknown = [n for n in names if n not in registry.known()]
+        if unknown:
+            raise pytest.UsageError(f"--engine {opt}: unknown engine(s) {', '.join(unknown)}; known: "
+                                    f"{', '.join(registry.known())}")
+    for flag, target in (("--drift-csv", config.getoption("--drift-csv")),
+                         ("--drift-dir", config.getoption("--drift-dir"))):
+        if target:
+            folder = Path(target) if flag == "--drift-dir" else Path(target).parent
+            why = _unwritable(folder / "runs" if flag == "--drift-dir" else folder)
+            if why:
+                raise pytest.UsageError(f"{flag} {target}: cannot write there ({why}); give a path in a writable "
+                                        "folder")
+    return None
+
+
+def _unwritable(folder: Path) -> str:
+    """"" when a file can be created in `folder` (made if missing), else why not."""
+    import tempfile
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".k3num-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return f"{type(e).__name__}: {e.strerror or e}"
+    return ""
+
+
 def pytest_configure(config: pytest.Config) -> None:
     import datetime
 
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
+    _resolve_drift_dir(config)
 
     from k3num.supply import fetch
 
@@ -198,6 +262,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if csv and _is_controller(config):  # partial files of an earlier run must not join this one
         for p in scaleout.partial_paths(csv):
             p.unlink()
+    if _is_controller(config) and not os.environ.get(RUNDIR_ENV):  # before xdist starts its workers
+        import tempfile
+
+        os.environ[RUNDIR_ENV] = tempfile.mkdtemp(prefix="k3num-run-")
     repro_dir = config.getoption("--repro-dir")
     if repro_dir is not None:
         os.environ["K3NUM_REPRO_DIR"] = repro_dir
@@ -344,16 +412,124 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     rep = outcome.get_result()
     if rep.when == "call" or (rep.when == "setup" and rep.outcome != "passed"):
         item._k3num_outcome = rep.outcome  # type: ignore[attr-defined]
+    if not _ours(item):
+        return
+    if rep.skipped and isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3:
+        # hypothesis appends "Failing explicit example: ..." to a skip raised inside an @example: a skip
+        # is not a failure, and must not read as one
+        path, line, reason = rep.longrepr
+        rep.longrepr = (path, line, accounting.short_reason(reason))
+    callspec = getattr(item, "callspec", None)
+    name = callspec.params.get("engine") if callspec else None
+    if rep.when == "setup" and name is not None:  # the run's account (xdist sends user_properties to the controller)
+        tag = ("k3num_engine", str(name))
+        item.user_properties.append(tag)  # the call and teardown reports copy it from the item
+        rep.user_properties.append(tag)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """The run's account per engine (harness/accounting.py), kept where the summary is printed."""
+    tags = dict(p for p in report.user_properties if isinstance(p, tuple) and len(p) == 2)
+    if "k3num_engine" not in tags:
+        return
+    state = _ACCOUNT.setdefault(report.nodeid, {"engine": str(tags["k3num_engine"])})
+    decided = accounting.outcome_of(report.when, report.outcome, bool(getattr(report, "wasxfail", "")))
+    if decided is not None:
+        state["outcome"] = decided
+        if decided == "skipped" and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
+            state["reason"] = accounting.short_reason(str(report.longrepr[2]))
+
+
+_ACCOUNT: dict[str, dict[str, str]] = {}  # node id -> engine, outcome, reason (this process's view)
+
+
+def _outcomes() -> list[accounting.Outcome]:
+    return [accounting.Outcome(node, s["engine"], s.get("outcome", "run"), s.get("reason", ""))
+            for node, s in _ACCOUNT.items()]
 
 
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     """Rewrite the drift CSV after every test that added records, so a run cut short (a job's time
-    limit, SIGINT) keeps what it measured; the session end writes it once more."""
-    path = _csv_target(item.config)
-    written = getattr(item.config, "_k3num_written", 0)
+    limit, SIGINT) keeps what it measured; the session end writes it once more. After a failed test
+    of ours: release what it keeps alive, and stop this process if its CUDA context is lost
+    (harness/isolation.py)."""
+    config = item.config
+    failed = getattr(item, "_k3num_outcome", "") == "failed"
+    if failed and _ours(item):
+        isolation.release_failure()
+        why = isolation.context_lost()
+        if why:
+            _context_lost(item, why)
+    path = _csv_target(config)
+    written = getattr(config, "_k3num_written", 0)
     if path and len(COLLECTOR.records) != written:
         COLLECTOR.write_csv(path)
-        item.config._k3num_written = len(COLLECTOR.records)  # type: ignore[attr-defined]
+        config._k3num_written = len(COLLECTOR.records)  # type: ignore[attr-defined]
+    if getattr(config, "_k3num_lost", None) and _WORKER:
+        _replace_this_worker(config)
+
+
+RUNDIR_ENV = "K3NUM_RUNDIR"  # the controller's folder where a worker that must go leaves its note
+
+
+def _context_lost(item: pytest.Item, why: str) -> None:
+    """This process's CUDA context is gone after `item`: nothing more runs here (isolation.LOST)."""
+    item.config._k3num_lost = (item.nodeid, why)  # type: ignore[attr-defined]
+    sys.stderr.write(f"\n[k3num] CUDA context lost after {item.nodeid}: {why}\n")
+
+
+def _replace_this_worker(config: pytest.Config) -> None:
+    """An xdist worker whose context is lost leaves a note for the controller and exits after its test
+    was reported: xdist starts a fresh worker and gives this one's queue to the others; the controller
+    drops the crash report xdist makes for the test (pytest_handlecrashitem below): its own failure
+    was reported already."""
+    import json
+
+    node, why = config._k3num_lost  # type: ignore[attr-defined]
+    rundir = os.environ.get(RUNDIR_ENV)
+    if rundir:
+        with open(os.path.join(rundir, f"lost-{_WORKER}.json"), "w") as fh:
+            json.dump({"worker": _WORKER, "node": node, "why": why}, fh)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(3)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched) -> None:
+    """xdist controller: a worker that exited because its CUDA context was lost (its note says after
+    which test) crashed on purpose; that test's failure stands, the crash report becomes a silent one."""
+    import json
+
+    rundir = os.environ.get(RUNDIR_ENV)
+    worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "")
+    note = os.path.join(rundir, f"lost-{worker}.json") if rundir and worker else ""
+    if not note or not os.path.exists(note):
+        return
+    with open(note) as fh:
+        lost = json.load(fh)
+    os.unlink(note)
+    if lost.get("node") != crashitem:
+        return
+    report.outcome, report.when, report.longrepr = "passed", "teardown", None  # type: ignore[assignment]
+    _REPLACED.append((worker, crashitem, lost.get("why", "")))
+
+
+_REPLACED: list[tuple[str, str, str]] = []  # xdist controller: (worker, node, why) of each replaced worker
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test of ours in a process whose CUDA context is lost is not run, and says so (isolation.LOST)."""
+    lost = getattr(item.config, "_k3num_lost", None)
+    if lost is None or not _ours(item):
+        return
+    node, why = lost
+    callspec = getattr(item, "callspec", None)
+    engine = str(callspec.params.get("engine", "")) if callspec else ""
+    COLLECTOR.add(not_run_record(property=getattr(item, "originalname", item.name), engine=engine, node=item.nodeid,
+                                 why=f"{isolation.LOST} {node}: {why}"))
+    pytest.skip(f"{isolation.LOST} {node}")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -361,10 +537,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(config, "workerinput"):  # an xdist worker: its records stay in its partial file
         if _csv_target(config):
             COLLECTOR.write_csv(_csv_target(config))
-        config.workeroutput["k3num_bound"] = _bound_lines()  # type: ignore[attr-defined]
+        config.workeroutput["k3num_bound"] = _bound()  # type: ignore[attr-defined]
         config.workeroutput["k3num_gpu"] = os.environ.get("CUDA_VISIBLE_DEVICES", "")  # type: ignore[attr-defined]
         config.workeroutput["k3num_examples"] = dict(_EXAMPLES)  # type: ignore[attr-defined]
         return
+    _judge_the_account(session)
     path = config.getoption("--drift-csv")
     if not path:
         return
@@ -382,18 +559,82 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             p.unlink()
         config._k3num_frame = df  # type: ignore[attr-defined]
         config._k3num_csv = (written, len(df))  # type: ignore[attr-defined]
-        _write_meta(config, path, getattr(config, "_k3num_examples", {}), getattr(config, "_k3num_bound", []))
+        _write_meta(config, path, getattr(config, "_k3num_examples", {}),
+                    list(getattr(config, "_k3num_bound", {}).values()))
+        _link_latest(config, path)
         return
     written = COLLECTOR.write_csv(path)
-    _write_meta(config, path, _EXAMPLES, _bound_lines())
+    _write_meta(config, path, _EXAMPLES, list(_bound().values()))
     config._k3num_csv = (written, len(COLLECTOR.records))  # type: ignore[attr-defined]
+    _link_latest(config, path)
+
+
+RESOLVED_CSV_ENV = "K3NUM_RUN_CSV"  # the controller's choice of --drift-dir's file, for its xdist workers
+
+
+def _resolve_drift_dir(config: pytest.Config) -> None:
+    """--drift-dir DIR: this run's CSV is DIR/runs/drift-<UTC time>.csv (chosen once, by the controller)."""
+    ddir = config.getoption("--drift-dir")
+    if not ddir:
+        return
+    if config.getoption("--drift-csv"):
+        raise pytest.UsageError("--drift-dir and --drift-csv: give one (--drift-csv names the file itself)")
+    if _WORKER and os.environ.get(RESOLVED_CSV_ENV):
+        config.option.drift_csv = os.environ[RESOLVED_CSV_ENV]
+        return
+    import datetime
+
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    config.option.drift_csv = str(Path(ddir) / "runs" / f"drift-{stamp}.csv")
+    os.environ[RESOLVED_CSV_ENV] = config.option.drift_csv
+
+
+def _link_latest(config: pytest.Config, csv: str) -> None:
+    """--drift-dir DIR: DIR/drift.csv and DIR/drift.meta.json link to this run's files (a regular file left
+    there by an older harness is kept, moved into DIR/runs/)."""
+    ddir = config.getoption("--drift-dir")
+    if not ddir:
+        return
+    from k3num.oracles.history import meta_path
+
+    for link, target in ((Path(ddir) / "drift.csv", Path(csv)), (meta_path(Path(ddir) / "drift.csv"), meta_path(csv))):
+        if link.is_symlink():
+            link.unlink()
+        elif link.exists():
+            link.rename(target.parent / f"{link.stem}-before-{target.stem.removeprefix('drift-')}{link.suffix}")
+        if target.exists():
+            link.symlink_to(os.path.relpath(target, link.parent))
+    config._k3num_latest = str(Path(ddir) / "drift.csv")  # type: ignore[attr-defined]
+
+
+def _named_engines(config: pytest.Config) -> list[str]:
+    """The engines the user asked for by name: --engine's list, else the engines an --engine-src feeds."""
+    opt = config.getoption("--engine")
+    if opt:
+        return [n.strip() for n in opt.split(",") if n.strip()]
+    from k3num.supply import fetch
+
+    try:
+        pins = set(fetch.local_sources())
+    except ValueError:
+        return []
+    return [n for n in registry.known() if n.split("-")[0] in pins]
+
+
+def _judge_the_account(session: pytest.Session) -> None:
+    """A named engine that ran no test makes the run fail, naming why (harness/accounting.py)."""
+    config = session.config
+    if hasattr(config, "workerinput"):
+        return
+    empty = accounting.ran_nothing(_outcomes(), _named_engines(config))
+    config._k3num_empty = empty  # type: ignore[attr-defined]
+    if empty and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_testnodedown(node, error) -> None:
     """xdist controller: keep each worker's account of how it bound the engines (for the summary)."""
-    lines = getattr(node, "workeroutput", {}).get("k3num_bound", [])
-    bound = node.config.__dict__.setdefault("_k3num_bound", [])
-    bound.extend(x for x in lines if x not in bound)
+    node.config.__dict__.setdefault("_k3num_bound", {}).update(getattr(node, "workeroutput", {}).get("k3num_bound", {}))
     node.config.__dict__.setdefault("_k3num_examples", {}).update(
         getattr(node, "workeroutput", {}).get("k3num_examples", {}))
     gpu = getattr(node, "workeroutput", {}).get("k3num_gpu")
@@ -479,33 +720,69 @@ def _write_meta(config: pytest.Config, csv: str, examples: dict[str, int], bound
     os.replace(tmp, target)
 
 
-def _bound_lines() -> list[str]:
-    return [f"{e.name} {e.version}: {e.mode}" + (f" ({e.mode_note})" if e.mode_note else "")
-            for e in registry.built() if e.name != "mirror"]
+def _bound() -> dict[str, str]:
+    """name -> 'name version: mode (note)' of every engine this process built, the mirror included."""
+    return {e.name: f"{e.name} {e.version}: {e.mode}" + (f" ({e.mode_note})" if e.mode_note else "")
+            for e in registry.built()}
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    tr = terminalreporter
-    bound = getattr(config, "_k3num_bound", None) if _is_controller(config) else _bound_lines()
-    if bound:
-        tr.section("k3-numerics engines: how each was bound")
-        for line in sorted(bound):
-            tr.write_line(line)
+    """Keep pytest's terminal reporter for the block printed last (pytest_unconfigure)."""
+    config._k3num_tr = terminalreporter  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The last lines of the log, in this order: skips grouped by reason, the engines (each with its mode
+    and its tests run, skipped and known), the named engines that ran nothing, the drift table, the CSV's
+    path, and the command to run next."""
+    if hasattr(config, "workerinput") or not hasattr(config, "_k3num_tr") or not _ACCOUNT:
+        return
+    tw = config._k3num_tr._tw  # type: ignore[attr-defined]
+    outcomes = _outcomes()
+    tw.sep("=", "k3-numerics")
+    groups = accounting.skip_groups(outcomes)
+    if groups and not _asks_skips(config):
+        tw.line(f"skipped, by reason ({sum(n for n, _ in groups)}; -rs lists each):")
+        for n, reason in groups[:12]:
+            tw.line(f"  {n:5d}  {reason[:160]}")
+        if len(groups) > 12:
+            tw.line(f"  ... and {len(groups) - 12} more reasons ({sum(n for n, _ in groups[12:])} skips)")
     gpus = getattr(config, "_k3num_gpus", None)
     if gpus and any(g != "-" for g in gpus.values()):
-        tr.write_line("xdist workers on GPUs: " + ", ".join(f"{w} -> GPU {gpus[w]}" for w in sorted(
+        tw.line("xdist workers on GPUs: " + ", ".join(f"{w} -> GPU {gpus[w]}" for w in sorted(
             gpus, key=scaleout.worker_index)))
+    lost = getattr(config, "_k3num_lost", None)
+    if lost:
+        n = sum(r.verdict == NOT_RUN for r in COLLECTOR.records)
+        tw.line(f"CUDA context lost after {lost[0]} ({lost[1]}): {n} later test(s) not run, counted apart from "
+                "failures and skips")
+    for worker, node, why in _REPLACED:
+        tw.line(f"xdist worker {worker} lost its CUDA context after {node} ({why}): replaced, its queue went to "
+                "the other workers")
+    bound = getattr(config, "_k3num_bound", {}) if _is_controller(config) else _bound()
+    tw.line("engines (how each was bound: tests run, skipped, known divergences):")
+    for line in accounting.engine_lines(outcomes, bound, _engine_names(config)):
+        tw.line(f"  {line}")
+    for name, why in getattr(config, "_k3num_empty", []):
+        tw.line(f"ERROR: engine {name} was asked for and ran no test: {why}", red=True)
     frame = getattr(config, "_k3num_frame", None)
     summary = summarize(frame) if frame is not None else COLLECTOR.summary()
-    if summary.empty:
-        return
-    tr.section("k3-numerics drift: worst err/budget ratio per engine and subject")
-    tr.write_line(summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    if covers_vllm_attn_res(summary):
-        tr.write_line(SM100_NOTE)
+    if not summary.empty:
+        tw.line("drift: worst err/budget ratio per engine and subject")
+        tw.line(summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        if covers_vllm_attn_res(summary):
+            tw.line(SM100_NOTE)
     written = getattr(config, "_k3num_csv", None)
     if written:
-        tr.write_line(f"drift CSV: {written[0]} ({written[1]} records)")
+        latest = getattr(config, "_k3num_latest", None)
+        tw.line(f"drift CSV: {written[0]} ({written[1]} records)" + (f"; latest: {latest}" if latest else ""))
+        home = Path(latest).parent if latest else Path(written[0]).parent
+        tw.line(f"next: k3num report --history {home / 'history'} --out {home / 'report'} {written[0]}")
+
+
+def _asks_skips(config: pytest.Config) -> bool:
+    """Whether -r asks pytest to list skips itself (s, a or A)."""
+    return any(c in (config.getoption("reportchars", "") or "") for c in "saA")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

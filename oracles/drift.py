@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from k3num.oracles.records import FAIL, Record
+from k3num.oracles.records import FAIL, UNJUDGED, Record
 
 COLUMNS = [f.name for f in fields(Record) if f.name != "extra"]
 # the text columns (an empty one reads back as "", not as a float NaN)
@@ -84,12 +84,12 @@ def covers_vllm_attn_res(df: pd.DataFrame) -> bool:
 
 
 def summarize(df: pd.DataFrame, keys: Sequence[str] = ("engine", "subject")) -> pd.DataFrame:
-    """Worst ratio per group of judged records (verdict not info), with the record count, failures,
+    """Worst ratio per group of judged records (verdict not info or not-run), with the record count, failures,
     and failures filed in the known-divergence ledger (counted apart); with the worst group's
     property when `keys` does not hold it."""
     if df.empty:
         return df
-    judged = df[df["verdict"] != "info"]
+    judged = df[~df["verdict"].isin(UNJUDGED)]
     if judged.empty:
         return judged
     keys = list(keys)

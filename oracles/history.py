@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from k3num.oracles.drift import COLUMNS, read_csv
+from k3num.oracles.records import UNJUDGED
 
 SCHEMA = 1
 GRID = np.linspace(0.0, 1.0, 101)  # the quantile levels a run keeps of each group's ratios
@@ -95,7 +96,7 @@ def quantiles(ratios: np.ndarray) -> list[float]:
 
 def summarize_run(df: pd.DataFrame, meta: dict) -> dict:
     """One run as the history keeps it: {"schema", "meta", "groups", "by_len", "worst", "ledger"}."""
-    judged = df[df["verdict"] != "info"]
+    judged = df[~df["verdict"].isin(UNJUDGED)]
     groups, by_len, worst = [], [], []
     for key, g in judged.groupby(GROUP, sort=True):
         row = dict(zip(GROUP, key))
@@ -299,18 +300,49 @@ def _source(g: dict) -> str:
     return f"{g['engine_version']}|{g['source_sha256']}"
 
 
+def group_label(g: dict) -> str:
+    """engine/subject/property/mode/device: how a group is named on the command line (--allow-missing)."""
+    return "/".join(str(g[k]) for k in GROUP)
+
+
+def allowed(label: str, patterns: Sequence[str]) -> bool:
+    """Whether --allow-missing names this group: a pattern is the label's leading components
+    ("sglang", "sglang/attn_res_mix", ... up to the whole label)."""
+    parts = label.split("/")
+    return any(parts[: len(p.split("/"))] == p.split("/") for p in patterns)
+
+
 def gate(runs: Sequence[dict], new: dict, *, z: float = Z_ALARM, min_effect: float = MIN_EFFECT,
-         window: int = WINDOW) -> pd.DataFrame:
+         window: int = WINDOW, allow_missing: Sequence[str] = ()) -> pd.DataFrame:
     """The gate's verdict per group of `new` against the earlier `runs` (oldest first): columns GROUP,
     history (runs compared), shift, sigma_samp, sigma_runs, threshold, verdict (alarm, ok, no history,
-    exact, ledger) and note. Raises HistoryError when `runs` is empty: a gate without history cannot pass."""
+    exact, ledger, missing, allowed missing) and note. A group the history holds (same profile and
+    device) that the run lacks is `missing`, a failure, unless `allow_missing` names it. Raises
+    HistoryError when `runs` is empty (a gate without history cannot pass) or when the run judged
+    nothing (a gate on nothing does not pass either)."""
     if not runs:
         raise HistoryError("--gate: the history holds no earlier run to compare with; a gate without history "
                            "does not pass")
+    if not new["groups"]:
+        raise HistoryError("--gate: the run holds no judged record; a gate on an empty run does not pass")
     m = new["meta"]
     prof, dev = m.get("profile", ""), m.get("device_name", "")
     earlier = [r for r in runs if r["meta"].get("profile", "") == prof and r["meta"].get("device_name", "") == dev]
+    have = {tuple(g[k] for k in GROUP) for g in new["groups"]}
+    lacking: dict[tuple, dict] = {}
+    for r in earlier[-window:]:
+        for pg in r["groups"]:
+            key = tuple(pg[k] for k in GROUP)
+            if key not in have:
+                lacking[key] = pg
     rows = []
+    for key, pg in sorted(lacking.items()):
+        label = group_label(pg)
+        ok = allowed(label, allow_missing)
+        rows.append({**{k: pg[k] for k in GROUP}, "records": 0, "history": 0,
+                     "verdict": "allowed missing" if ok else "missing",
+                     "note": "named by --allow-missing" if ok else f"in the history, not in this run "
+                                                                    f"(--allow-missing {label} if on purpose)"})
     for g in new["groups"]:
         key = tuple(g[k] for k in GROUP)
         past = [pg for r in earlier for pg in r["groups"] if tuple(pg[k] for k in GROUP) == key][-window:]

@@ -16,6 +16,10 @@ from k3num.oracles.budgets import Budget
 from k3num.oracles.metrics import compare
 
 PASS, FAIL, INFO = "pass", "fail", "info"
+# a test that never ran because the process could not run it (its CUDA context was lost): neither a
+# pass nor a failure, counted apart
+NOT_RUN = "not-run"
+UNJUDGED = (INFO, NOT_RUN)  # verdicts no ratio statistic takes in
 # set by properties.support under --repro-dir: each record then carries the compared tensors in
 # `extra` ("actual", "reference") until the bundle is written (they never reach the CSV)
 KEEP_TENSORS = False
@@ -122,6 +126,15 @@ def judge(
         numel=m.numel,
         extra={"actual": actual, "reference": reference} if KEEP_TENSORS else {},
     )
+
+
+def not_run(*, property: str, engine: str, node: str, why: str) -> Record:
+    """The record of a test that was not run (verdict NOT_RUN): which, on what engine, and why."""
+    nan = math.nan
+    return Record(property=property, engine=engine, engine_version="", mode="", real_ops="", source_sha256="",
+                  subject="", device="", dtype="", shape="", reduction_len=0, seed=0, max_abs=nan, rel_fro=nan,
+                  max_ulp=nan, cosine=nan, nonfinite_mismatch=0, worst="", baseline_err=nan, budget=nan,
+                  budget_rule="", ratio=nan, verdict=NOT_RUN, detail=why[:400], node=node)
 
 
 def failure_message(r: Record) -> str:

@@ -13,6 +13,7 @@ from hypothesis.control import currently_in_test_context
 
 from k3num.engines.base import Engine, Subject, SubjectMissing
 from k3num.fixtures import device
+from k3num.harness import isolation
 from k3num.harness.judges import LOW, round_storage, up  # noqa: F401  (the properties' names for them)
 from k3num.oracles.drift import COLLECTOR
 from k3num.oracles.metrics import describe_mismatch
@@ -30,6 +31,7 @@ if REPRO_DIR:
     from k3num.oracles import records as _records
 
     _records.KEEP_TENSORS = True
+isolation.AT_FAILURE.append(_LAST.clear)  # a failed test's recorded call (clones of its inputs) is let go
 
 
 def _clone(v: object) -> object:

@@ -91,7 +91,9 @@ ${limit:+timeout -s INT -k 60 "$limit"} python -m pytest "${suite[@]}" --engine 
     --junitxml "$out/junit.xml" "${repro[@]}" "$@" > "$out/pytest.log" 2>&1 || status=$?
 [ "$status" -eq 124 ] && echo "gpu_nightly: interrupted at the ${limit} s limit (the CSV holds the tests that finished)"
 # pytest exit 5 (nothing collected) is a failure here too: a nightly that ran nothing must not pass
-echo "gpu_nightly: pytest finished with exit $status after $((SECONDS - start)) s: $(tail -n 1 "$out/pytest.log")"
+# pytest's own tally ("N passed, M skipped in T s"); the k3-numerics block follows it in the log
+tally=$(grep -E '(passed|failed|errors?|skipped|no tests ran).* in [0-9.]+s' "$out/pytest.log" | tail -n 1 | tr -d '=')
+echo "gpu_nightly: pytest finished with exit $status after $((SECONDS - start)) s:${tally:- (no tally: see $out/pytest.log)}"
 [ "$status" -eq 0 ] || status=1
 python - "$out" > "$out/summary.md" <<'PY'
 import sys

@@ -158,7 +158,7 @@ def _counts(cache: Path, tmp_path: Path, name: str) -> tuple[dict[str, int], str
                         "-p", "no:cacheprovider", "-q", "--hypothesis-profile=ci",
                         "--drift-csv", str(tmp_path / f"{name}.csv")],
                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    tail = r.stdout.strip().splitlines()[-1]
+    tail = next(ln for ln in reversed(r.stdout.splitlines()) if re.search(r" in [0-9.]+s", ln))  # pytest's tally
     return {k: int(v) for v, k in re.findall(r"(\d+) (passed|skipped|failed|error|xfailed)", tail)}, r.stdout[-3000:]
 
 

@@ -12,8 +12,10 @@ otherwise, bound from the fetched, hash-checked wheel files:
   Under the interpreter the module is exec'd from its source text without
   registering it for `inspect`, because the interpreter's AST rewrite of a
   file-backed kernel breaks the BLOCK_L tile loop (BRIEF §4, quirk b); the
-  interpreter also truncates float -> bf16 conversions (quirk a), which
-  `storage_rounding` declares so that exact checks use the mode's rounding.
+  interpreter would also truncate float -> bf16 conversions (quirk a), so it is
+  patched to round to nearest even as the GPU does (engines.triton_support,
+  declared in the mode note; tests/test_interpreter_rounding.py checks every bf16
+  store against the H200's on stored inputs).
 - AUX_CAPTURE: `KimiLinearModel._capture_aux_hidden_stream` (nvidia/model.py), lifted
   and run on a stand-in model that carries real weights and calls the engine's
   own attn_res kernel above.
@@ -44,7 +46,11 @@ import torch
 
 from k3num.engines import base, source, triton_support
 from k3num.engines.registry import EngineUnavailable
-from k3num.engines.triton_support import require_interpreter, truncate_to_bf16
+from k3num.engines.triton_support import (
+    NEAREST_EVEN_ADAPTATION,
+    require_interpreter,
+    round_bf16_to_nearest_even,
+)
 from k3num.engines.vllm_adapter import pp_forward, quant_loading
 from k3num.engines.vllm_adapter.attn_res import _load_amd_attn_res, _load_attn_res
 from k3num.engines.vllm_adapter.aux_capture import _bind_capture, _bind_rocm_capture
@@ -69,7 +75,7 @@ from k3num.engines.vllm_adapter.context_kv import BUILT_OPS, _bind_precompute, _
 from k3num.engines.vllm_adapter.weight_loading import _bind_weight_loading
 from k3num.supply import fetch, installed
 
-__all__ = ["build", "build_rocm", "CONTRACT", "contract_problems", "require_interpreter", "truncate_to_bf16",
+__all__ = ["build", "build_rocm", "CONTRACT", "contract_problems", "require_interpreter",
            "ATTN_RES_PY", "AMD_ATTN_RES_PY", "MODEL_PY", "DSPARK_PY", "IMPORT_OPS", "BUILT_OPS", "OPS_SUFFIX"]
 
 ATTN_RES_SIGNATURE = ["prefix", "delta", "blocks", "norm_weight", "qk_weight", "output_norm_weight", "num_blocks",
@@ -169,6 +175,7 @@ def build() -> base.Engine:
     mode = "source-interpreter" if interpret else "source-gpu"
     if interpret:
         require_interpreter()
+        round_bf16_to_nearest_even()
     triton_support.triton_modules("vllm")
     ops, real_ops, ops_note = _built_ops(root, interpret)
     bound: dict[str, Any] = {}
@@ -205,8 +212,7 @@ def build() -> base.Engine:
     return base.Engine(
         name="vllm", version=fetch.version_label("vllm"), mode=mode, subjects=subjects, real_ops=real_ops,
         source_sha256={s: m.get(f, "") for s, f in files.items() if s in subjects}, missing={**MISSING, **missing},
-        storage_rounding=truncate_to_bf16 if interpret else None,
-        rounding="toward_zero" if interpret else "nearest", extras=extras, mode_note=note,
+        extras=extras, mode_note="; ".join(filter(None, [note, NEAREST_EVEN_ADAPTATION if interpret else ""])),
     )
 
 
@@ -254,6 +260,7 @@ def build_rocm() -> base.Engine:
     interpret = not torch.cuda.is_available()
     if interpret:
         require_interpreter()
+        round_bf16_to_nearest_even()
     triton_support.triton_modules("vllm-rocm")
     bound: dict[str, Any] = {}
     missing: dict[str, str] = {}
@@ -275,6 +282,5 @@ def build_rocm() -> base.Engine:
         subjects=subjects, real_ops=ROCM_STANDINS,
         source_sha256={s: m.get(f, "") for s, f in files.items() if s in subjects},
         missing={**ROCM_MISSING, **missing},
-        storage_rounding=truncate_to_bf16 if interpret else None, rounding="toward_zero" if interpret else "nearest",
-        extras=extras, mode_note=note,
+        extras=extras, mode_note="; ".join(filter(None, [note, NEAREST_EVEN_ADAPTATION if interpret else ""])),
     )

@@ -136,9 +136,28 @@ def _plt():
 
 
 def _save(fig, path: Path) -> Path:
-    fig.savefig(path, dpi=90)
+    # bbox_inches="tight": the canvas grows to hold what sits outside the axes (the legends), so nothing
+    # covers the data and nothing is cut off
+    fig.savefig(path, dpi=90, bbox_inches="tight")
     _plt().close(fig)
     return path
+
+
+def _legend_outside(ax, entries: int) -> None:
+    """The legend to the right of the plotting area, in columns of at most 14 entries."""
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+              ncol=max(1, math.ceil(entries / 14)))
+
+
+def _floor(*series: pd.Series) -> float:
+    """Where a zero is drawn on a log axis: the power of ten a decade below the smallest positive value
+    (1e-20 when there is none)."""
+    pos = [float(s[s > 0].min()) for s in series if (s > 0).any()]
+    return 10.0 ** (math.floor(math.log10(min(pos))) - 1) if pos else 1e-20
+
+
+def _at_floor(s: pd.Series, floor: float) -> pd.Series:
+    return s.where(s > 0, floor)
 
 
 def plot_ratios(runs: Sequence[dict], out: Path, max_runs: int = 60) -> list[Path]:
@@ -151,8 +170,10 @@ def plot_ratios(runs: Sequence[dict], out: Path, max_runs: int = 60) -> list[Pat
     labels = [_label(r) for r in runs[-max_runs:]]
     for (engine, subject), gs in g.groupby(["engine", "subject"], sort=True):
         props = sorted(gs["property"].unique())
+        # one x axis for every panel (the runs), labelled under the last: rotated run labels never reach the
+        # next panel's title
         fig, axes = plt.subplots(len(props), 1, figsize=(max(6, 0.35 * len(labels) + 3), 2.4 * len(props)),
-                                 squeeze=False)
+                                 squeeze=False, sharex=True)
         for ax, prop in zip(axes[:, 0], props):
             gp = gs[gs["property"] == prop].sort_values("run")
             q = np.array(gp["q"].tolist())  # [runs, 101]
@@ -171,10 +192,12 @@ def plot_ratios(runs: Sequence[dict], out: Path, max_runs: int = 60) -> list[Pat
             # at most 12 run labels per axis: text layout is most of a plot's cost
             names = [labels[r] for r in gp["run"]]
             step = max(1, math.ceil(len(names) / 12))
-            ax.set_xticks(x[::step], names[::step], rotation=60, fontsize=7, ha="right")
+            # upright labels: a slanted one reaches left under the y axis' lowest tick label
+            ax.set_xticks(x[::step], names[::step], rotation=90, fontsize=7, ha="center")
+            ax.tick_params(axis="x", labelbottom=ax is axes[-1, 0])
         # fixed margins instead of tight_layout, which measures every label (most of the time of a report)
         fig.subplots_adjust(left=0.1, right=0.98, top=1 - 0.3 / len(props), bottom=0.75 / (2.4 * len(props)) + 0.1,
-                            hspace=0.9)
+                            hspace=0.35)
         paths.append(_save(fig, out / f"ratio-{_slug(engine, subject)}.png"))
     return paths
 
@@ -191,27 +214,37 @@ def plot_err_vs_len(runs: Sequence[dict], out: Path) -> list[Path]:
     last = len(runs) - 1
     for (engine, subject), gs in df.groupby(["engine", "subject"], sort=True):
         fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        # an error of exactly 0 has no place on a log axis: it is drawn on a labelled floor line
+        floor = _floor(gs["err_median"], gs["err_max"], gs["budget_median"])
+        entries = 0
         for prop, gp in gs.groupby("property"):
             old = gp[gp["run"] != last]
             if not old.empty:
-                ax.scatter(old["reduction_len"], old["err_median"], s=6, alpha=0.2, color="gray")
+                ax.scatter(old["reduction_len"], _at_floor(old["err_median"], floor), s=6, alpha=0.2, color="gray")
             now = gp[gp["run"] == last].sort_values("reduction_len")
             if now.empty:
                 continue
-            ax.plot(now["reduction_len"], now["err_median"], "o-", ms=3, label=f"{prop}: median err")
-            ax.plot(now["reduction_len"], now["err_max"], "^", ms=3, label=f"{prop}: worst err")
+            ax.plot(now["reduction_len"], _at_floor(now["err_median"], floor), "o-", ms=3, label=f"{prop}: median err")
+            ax.plot(now["reduction_len"], _at_floor(now["err_max"], floor), "^", ms=3, label=f"{prop}: worst err")
+            entries += 2
             b = now[(now["budget_median"] > 0) & (now["reduction_len"] > 0)]
             if len(b) >= 2:
                 slope = np.polyfit(np.log(b["reduction_len"]), np.log(b["budget_median"]), 1)[0]
                 ax.plot(b["reduction_len"], b["budget_median"], "--", label=f"{prop}: budget (slope {slope:.2f})")
+                entries += 1
             elif len(b) == 1:
                 ax.plot(b["reduction_len"], b["budget_median"], "x", label=f"{prop}: budget")
+                entries += 1
+        if (gs[["err_median", "err_max"]] <= 0).any().any():
+            ax.axhline(floor, color="tab:gray", lw=0.6, ls=":", label=f"0 (drawn at {floor:.0e})")
+            entries += 1
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ax.set_ylim(bottom=floor / 2)
         ax.set_xlabel("reduction length")
         ax.set_ylabel("max |err|")
         ax.set_title(f"{engine} {subject}: error against reduction length (latest run)", fontsize=9)
-        ax.legend(fontsize=6, loc="upper left")  # a fixed place: "best" searches every point
+        _legend_outside(ax, entries)
         fig.subplots_adjust(left=0.12, right=0.98, top=0.92, bottom=0.12)
         paths.append(_save(fig, out / f"err-vs-len-{_slug(engine, subject)}.png"))
     return paths
@@ -225,13 +258,14 @@ def plot_nondeterminism(runs: Sequence[dict], out: Path) -> list[Path]:
         return []
     g = g[g["repeat_records"] > 0]
     fig, ax = plt.subplots(figsize=(7, 3.8))
-    for key, gk in g.groupby(["engine", "subject", "property"]):
+    keys = list(g.groupby(["engine", "subject", "property"]))
+    for key, gk in keys:
         gk = gk.sort_values("run")
         ax.plot(gk["run"], gk["nondeterministic"], "o-", ms=3, label="/".join(key))
     ax.set_xlabel("run (oldest first)")
     ax.set_ylabel("records with > 1 distinct output")
     ax.set_title("nondeterminism (repeat properties)", fontsize=9)
-    ax.legend(fontsize=6, loc="upper left")
+    _legend_outside(ax, len(keys))
     fig.subplots_adjust(left=0.1, right=0.98, top=0.9, bottom=0.14)
     return [_save(fig, out / "nondeterminism.png")]
 

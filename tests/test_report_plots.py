@@ -1,0 +1,107 @@
+"""The report's plots keep their text readable (issue 20): legends outside the plotting area, zeros on a
+log axis drawn at a labelled floor, and no two labels overlapping, checked on matplotlib's rendered
+bounding boxes (not by eye) for the three kinds of plot at their most crowded: a dozen properties on
+one error-vs-length plot, 25 repeat groups on the nondeterminism plot, four stacked ratio panels."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from k3num.harness.nightly import report
+
+
+def _runs(n_runs: int = 8, props: int = 4, repeats: int = 25) -> list[dict]:
+    rng = np.random.default_rng(0)
+    runs = []
+    for i in range(n_runs):
+        groups = []
+        for p in range(props):
+            q = np.sort(rng.uniform(0.0, 0.9, 101)).tolist()
+            groups.append({"engine": "vllm", "subject": "attn_res", "property": f"property_number_{p}",
+                           "mode": "source-gpu", "device": "cuda", "q": q, "records": 40, "exact": False,
+                           "repeat_records": 0, "nondeterministic": 0})
+        for k in range(repeats):
+            groups.append({"engine": f"engine{k % 5}", "subject": f"subject_{k}", "property": "deterministic",
+                           "mode": "m", "device": "cuda", "q": [0.0] * 101, "records": 40, "exact": True,
+                           "repeat_records": 40, "nondeterministic": int(rng.integers(0, 3))})
+        by_len = [{"engine": "sglang", "subject": "attn_res_mix", "property": f"prop_{p:02d}", "reduction_len": n,
+                   "err_median": 0.0 if (p == 0 and n == 64) else float(rng.uniform(1e-4, 1e-2)),
+                   "err_max": float(rng.uniform(1e-3, 1e-1)), "budget_median": 0.05 * n ** 0.5 / 30}
+                  for p in range(12) for n in (64, 1024, 7168)]
+        runs.append({"meta": {"date": f"2026-11-{i + 1:02d}T00:00:00Z", "harness_commit": f"{i:07d}"},
+                     "groups": groups, "by_len": by_len, "file": f"r{i}.json"})
+    return runs
+
+
+@pytest.fixture
+def figures(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """Every figure the report draws, kept (not closed) with its file name."""
+    kept: list = []
+
+    def keep(fig, path: Path) -> Path:
+        kept.append((path.name, fig))
+        return path
+
+    monkeypatch.setattr(report, "_save", keep)
+    runs = _runs()
+    report.plot_ratios(runs, tmp_path)
+    report.plot_err_vs_len(runs, tmp_path)
+    report.plot_nondeterminism(runs, tmp_path)
+    yield kept
+    for _, fig in kept:
+        report._plt().close(fig)
+
+
+def _texts(fig, renderer):
+    """(label, bbox) of every visible text of the figure: titles, axis labels, tick labels, legend boxes."""
+    out = []
+    for i, ax in enumerate(fig.axes):
+        drawn = [ax.title, ax.xaxis.label, ax.yaxis.label]
+        for axis, (lo, hi) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+            lo, hi = min(lo, hi), max(lo, hi)
+            # matplotlib keeps labels for ticks outside the view too; it draws only those inside
+            drawn += [tick.label1 for tick in axis.get_major_ticks() if lo <= tick.get_loc() <= hi]
+        for t in drawn:
+            if t.get_visible() and t.get_text():
+                out.append((f"ax{i}:{t.get_text()[:30]}", t.get_window_extent(renderer)))
+        leg = ax.get_legend()
+        if leg is not None:
+            out.append((f"ax{i}:legend", leg.get_window_extent(renderer)))
+    return out
+
+
+def test_legends_sit_outside_every_plotting_area(figures) -> None:
+    for name, fig in figures:
+        fig.canvas.draw()
+        r = fig.canvas.get_renderer()
+        for i, ax in enumerate(fig.axes):
+            leg = ax.get_legend()
+            if leg is None:
+                continue
+            lb = leg.get_window_extent(r)
+            for j, other in enumerate(fig.axes):
+                assert not lb.overlaps(other.get_window_extent(r)), f"{name}: ax{i}'s legend covers ax{j}"
+
+
+def test_no_two_labels_overlap(figures) -> None:
+    for name, fig in figures:
+        fig.canvas.draw()
+        boxes = _texts(fig, fig.canvas.get_renderer())
+        bad = [(a, b) for (a, ba), (b, bb) in itertools.combinations(boxes, 2) if ba.overlaps(bb)]
+        assert not bad, f"{name}: {bad[:5]}"
+
+
+def test_a_zero_on_a_log_axis_is_drawn_at_a_labelled_floor(figures) -> None:
+    name, fig = next((n, f) for n, f in figures if n.startswith("err-vs-len"))
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    floor_label = next(lb for lb in labels if lb.startswith("0 (drawn at "))
+    floor = float(floor_label.removeprefix("0 (drawn at ").removesuffix(")"))
+    ymin = ax.get_ylim()[0]
+    assert 0 < ymin < floor, (ymin, floor)  # the floor is inside the axis, not on its edge
+    ys = np.concatenate([line.get_ydata() for line in ax.get_lines()])
+    assert (ys > 0).all() and np.isclose(ys, floor).any(), name

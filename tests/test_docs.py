@@ -12,7 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", ROOT / "properties" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # paths inside the engines' wheels and sdist, and the places a run writes, are not files of the repository
-OUTSIDE = ("vllm/", "sglang/", "tokenspeed/", "tokenspeed_kernel/", "csrc/", "amd/", "nvidia/", "python/", "out/", "history/", "golden/",
+OUTSIDE = ("vllm/", "sglang/", "tokenspeed/", "tokenspeed_kernel/", "csrc/", "amd/", "nvidia/", "python/",
+           "out/", "history/", "golden/",
            "engine-cache/", "~", "/", "R/", "DIR", "PATH", "OUT", "TREE", "<", "$")
 CITED = re.compile(r"`([A-Za-z0-9_.][A-Za-z0-9_./-]*\.(?:py|sh|md|yml|toml|json|txt|safetensors))(?::[\w.]+)?`")
 

@@ -15,7 +15,8 @@
 #   `isolation` plants a bug in one SGLang kernel and runs the suite on it (scripts/gpu_isolation.py):
 #   the control (pinned files), a wrong mixture, an illegal address; K3NUM_ISOLATION_PROFILE (ci),
 #   K3NUM_ISOLATION_TIMEOUT seconds each (240), K3NUM_ISOLATION_PLANTS (none combine-scaled
-#   combine-illegal-address).
+#   combine-illegal-address combine-illegal-address@xdist: NAME@xdist under xdist with 2 workers),
+#   K3NUM_ISOLATION_PEAK_GIB the peak CUDA memory a test may reach (0: report only).
 #   (default: bench,race,k3,small).
 #   `golden` times the golden-set judge against the live float64 oracle at K3 shapes (bench/golden_speed.py).
 #   `k3det` runs the K3-shape determinism property (152 calls per example) under K3NUM_K3DET_PROFILE
@@ -78,13 +79,16 @@ if want stores; then
 fi
 if want isolation; then
     echo "== isolation: one planted kernel bug on the GPU"
-    for plant in ${K3NUM_ISOLATION_PLANTS:-none combine-scaled combine-illegal-address}; do
-        python scripts/gpu_isolation.py --plant "$plant" --out "$out/isolation-$plant" \
+    # a plant NAME@xdist runs under pytest-xdist with 2 workers (a lost context: the worker is replaced)
+    for spec in ${K3NUM_ISOLATION_PLANTS:-none combine-scaled combine-illegal-address combine-illegal-address@xdist}; do
+        plant=${spec%@xdist} tag=${spec/@/-} extra=()
+        [ "$plant" != "$spec" ] && extra=(-- -n 2 --dist load)
+        python scripts/gpu_isolation.py --plant "$plant" --out "$out/isolation-$tag" \
             --profile "${K3NUM_ISOLATION_PROFILE:-ci}" --timeout "${K3NUM_ISOLATION_TIMEOUT:-240}" \
-            ${K3NUM_ISOLATION_ARGS:-} || isolation=1
-        cp "$out/isolation-$plant/isolation.md" "$out/isolation-$plant.md" 2>/dev/null
-        cp "$out/isolation-$plant/isolation.csv" "$out/isolation-$plant.csv" 2>/dev/null
-        rm -rf "$out/isolation-$plant/tree"
+            --peak-bound-gib "${K3NUM_ISOLATION_PEAK_GIB:-0}" ${K3NUM_ISOLATION_ARGS:-} "${extra[@]}" || isolation=1
+        cp "$out/isolation-$tag/isolation.md" "$out/isolation-$tag.md" 2>/dev/null
+        cp "$out/isolation-$tag/isolation.csv" "$out/isolation-$tag.csv" 2>/dev/null
+        rm -rf "$out/isolation-$tag/tree"
     done
 fi
 if want golden; then

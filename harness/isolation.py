@@ -65,6 +65,30 @@ def release_failure(exc: BaseException | None = None) -> None:
             pass
 
 
+def releasing(inner):
+    """`inner` (a hypothesis test's body, `test.hypothesis.inner_test`) wrapped so that an example that
+    raises leaves no tensors behind: the frames it ran in have finished when the exception reaches the
+    wrapper, and are cleared there (their code and line numbers stay for the report). Without it a
+    property shrinking a failure keeps every failing example's tensors alive until the test ends (GPU
+    run 30: a failing K3-shape mixture property peaked at 68 GiB where the passing one takes 17)."""
+    import functools
+
+    if getattr(inner, "_k3num_releasing", False):
+        return inner
+
+    @functools.wraps(inner)
+    def body(*args, **kwargs):
+        try:
+            return inner(*args, **kwargs)
+        except BaseException as e:
+            if e.__traceback__ is not None and e.__traceback__.tb_next is not None:
+                traceback.clear_frames(e.__traceback__.tb_next)
+            raise
+
+    body._k3num_releasing = True  # type: ignore[attr-defined]
+    return body
+
+
 def context_lost() -> str:
     """"" while this process's CUDA context works, else the error that says it does not."""
     torch = sys.modules.get("torch")

@@ -429,6 +429,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """The run's account per engine (harness/accounting.py), kept where the summary is printed."""
+    if report.when in ("setup", "call"):
+        _REPORTED.add(report.nodeid)
     tags = dict(p for p in report.user_properties if isinstance(p, tuple) and len(p) == 2)
     if "k3num_engine" not in tags:
         return
@@ -441,6 +443,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 _ACCOUNT: dict[str, dict[str, str]] = {}  # node id -> engine, outcome, reason (this process's view)
+_COLLECTED: set[str] = set()  # every test collected (on an xdist controller: every worker's collection)
+_REPORTED: set[str] = set()  # every test a report arrived for
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    _COLLECTED.update(ids)
 
 
 def _outcomes() -> list[accounting.Outcome]:
@@ -628,7 +637,12 @@ def _judge_the_account(session: pytest.Session) -> None:
         return
     empty = accounting.ran_nothing(_outcomes(), _named_engines(config))
     config._k3num_empty = empty  # type: ignore[attr-defined]
-    if empty and session.exitstatus == 0:
+    # collected and never reported: a test xdist dropped (its restart limit reached after crashed
+    # workers) or a run cut short; said by name, and a run that meant to run them does not pass
+    never = sorted(_COLLECTED - _REPORTED)
+    config._k3num_never = never  # type: ignore[attr-defined]
+    stopped = session.shouldstop or session.shouldfail or session.exitstatus == pytest.ExitCode.INTERRUPTED
+    if (empty or (never and not stopped)) and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -735,7 +749,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     """The last lines of the log, in this order: skips grouped by reason, the engines (each with its mode
     and its tests run, skipped and known), the named engines that ran nothing, the drift table, the CSV's
     path, and the command to run next."""
-    if hasattr(config, "workerinput") or not hasattr(config, "_k3num_tr") or not _ACCOUNT:
+    if hasattr(config, "workerinput") or not hasattr(config, "_k3num_tr"):
+        return
+    if not (_ACCOUNT or getattr(config, "_k3num_never", []) or _REPLACED or getattr(config, "_k3num_lost", None)):
         return
     tw = config._k3num_tr._tw  # type: ignore[attr-defined]
     outcomes = _outcomes()
@@ -760,11 +776,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         tw.line(f"xdist worker {worker} lost its CUDA context after {node} ({why}): replaced, its queue went to "
                 "the other workers")
     bound = getattr(config, "_k3num_bound", {}) if _is_controller(config) else _bound()
-    tw.line("engines (how each was bound: tests run, skipped, known divergences):")
-    for line in accounting.engine_lines(outcomes, bound, _engine_names(config)):
-        tw.line(f"  {line}")
+    if _ACCOUNT:
+        tw.line("engines (how each was bound: tests run, skipped, known divergences):")
+        for line in accounting.engine_lines(outcomes, bound, _engine_names(config)):
+            tw.line(f"  {line}")
     for name, why in getattr(config, "_k3num_empty", []):
         tw.line(f"ERROR: engine {name} was asked for and ran no test: {why}", red=True)
+    never = getattr(config, "_k3num_never", [])
+    if never:
+        tw.line(f"ERROR: {len(never)} collected test(s) never ran (xdist stops replacing crashed workers after "
+                f"--max-worker-restart; a run cut short): {', '.join(never[:5])}{' ...' if len(never) > 5 else ''}",
+                red=True)
     frame = getattr(config, "_k3num_frame", None)
     summary = summarize(frame) if frame is not None else COLLECTOR.summary()
     if not summary.empty:
@@ -792,6 +814,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ours = [item for item in items if _ours(item)]
     if ours and not config.getoption("hypothesis_profile", None):
         settings.load_profile(DEFAULT_PROFILE)
+    # on a GPU, a failing example's tensors go when the example ends, not when the test does
+    # (harness/isolation.py); --pdb and --showlocals keep them, to be looked at
+    if torch.cuda.is_available() and not (config.getoption("usepdb", False) or config.getoption("showlocals", False)):
+        for item in ours:
+            h = getattr(getattr(item, "obj", None), "hypothesis", None)
+            if h is not None and hasattr(h, "inner_test"):
+                h.inner_test = isolation.releasing(h.inner_test)
+    if not hasattr(config, "workerinput"):
+        _COLLECTED.update(item.nodeid for item in items)
     versions: dict[str, str] = {}
     for item in ours:  # known divergences: strict xfail, so an upstream fix turns the case red
         callspec = getattr(item, "callspec", None)

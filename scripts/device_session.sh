@@ -82,7 +82,7 @@ if want isolation; then
     # a plant NAME@xdist runs under pytest-xdist with 2 workers (a lost context: the worker is replaced)
     for spec in ${K3NUM_ISOLATION_PLANTS:-none combine-scaled combine-illegal-address combine-illegal-address@xdist}; do
         plant=${spec%@xdist} tag=${spec/@/-} extra=()
-        [ "$plant" != "$spec" ] && extra=(-- -n 2 --dist load)
+        [ "$plant" != "$spec" ] && extra=(-- -n 2 --dist load --max-worker-restart 100)
         python scripts/gpu_isolation.py --plant "$plant" --out "$out/isolation-$tag" \
             --profile "${K3NUM_ISOLATION_PROFILE:-ci}" --timeout "${K3NUM_ISOLATION_TIMEOUT:-240}" \
             --peak-bound-gib "${K3NUM_ISOLATION_PEAK_GIB:-0}" ${K3NUM_ISOLATION_ARGS:-} "${extra[@]}" || isolation=1

@@ -14,6 +14,8 @@
 #                  bound by the host, so one worker leaves the GPU idle; 4 and 8 took the same time on
 #                  one H200, docs/gpu-run.md run 26)
 #   K3NUM_DIST     xdist's --dist (default worksteal: idle workers take queued tests from busy ones)
+#   K3NUM_MAX_WORKER_RESTART  workers xdist may replace (default 100): a worker whose CUDA context is lost
+#                  exits and is replaced; past the limit xdist runs nothing more (the plugin names what never ran)
 #   K3NUM_TIMEOUT  seconds after which the run is interrupted (SIGINT: pytest stops, the controller
 #                  merges what the workers wrote, and the job exits non-zero); default none
 #                  (K3NUM_ENGINE_TIMEOUT, its earlier name, is still read)
@@ -86,7 +88,8 @@ threads=$(( $(nproc) / n )); [ "$threads" -ge 1 ] || threads=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads}
 status=0
 ${limit:+timeout -s INT -k 60 "$limit"} python -m pytest "${suite[@]}" --engine "${engines// /,}" \
-    -n "$workers" --dist "${K3NUM_DIST:-worksteal}" --device "$device" --hypothesis-profile="$profile" \
+    -n "$workers" --dist "${K3NUM_DIST:-worksteal}" --max-worker-restart "${K3NUM_MAX_WORKER_RESTART:-100}" \
+    --device "$device" --hypothesis-profile="$profile" \
     -p no:cacheprovider -o junit_suite_name=k3num --durations=15 --drift-csv "$out/drift.csv" \
     --junitxml "$out/junit.xml" "${repro[@]}" "$@" > "$out/pytest.log" 2>&1 || status=$?
 [ "$status" -eq 124 ] && echo "gpu_nightly: interrupted at the ${limit} s limit (the CSV holds the tests that finished)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import subprocess
 import sys
 import weakref
@@ -109,3 +110,40 @@ def test_an_xdist_worker_that_lost_its_context_is_replaced_and_the_rest_runs(tmp
     ran = int(out.rsplit(" passed", 1)[0].rsplit(" ", 1)[-1])  # "... 1 failed, N passed ..."
     skipped = out.count("not run: CUDA context lost")
     assert ran + skipped + 1 == 6, out[-3000:]  # every test ran on some worker, or was not run
+
+
+def test_a_failing_example_releases_its_frames_when_it_ends_not_when_the_test_does() -> None:
+    """isolation.releasing, the wrapper of a hypothesis test's body on a GPU: the exception survives (for
+    hypothesis' shrinking and report), the failing example's objects do not."""
+    class Big:
+        pass
+
+    refs: list[weakref.ref] = []
+
+    def body() -> None:
+        big = Big()
+        refs.append(weakref.ref(big))
+        raise AssertionError("over budget")
+
+    wrapped = isolation.releasing(body)
+    assert isolation.releasing(wrapped) is wrapped  # wrapped once
+    try:
+        wrapped()
+    except AssertionError as e:
+        kept = e
+    gc.collect()
+    assert refs[0]() is None and kept.__traceback__ is not None
+
+
+def test_tests_xdist_never_ran_are_named_and_fail_the_run(tmp_path: Path) -> None:
+    """Past --max-worker-restart xdist stops starting workers and runs nothing more: silently, unless
+    the plugin names what never ran."""
+    (tmp_path / "suite").mkdir()
+    (tmp_path / "suite" / "test_crashes.py").write_text(
+        "import os, pytest\n@pytest.mark.parametrize('i', range(20))\ndef test_i(i):\n"
+        "    if i % 4 == 1:\n        os._exit(3)\n")
+    r = subprocess.run([sys.executable, "-m", "pytest", str(tmp_path / "suite"), "-q", "-p", "no:cacheprovider",
+                        "-n", "2", "--max-worker-restart", "1"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, K3NUM_OWN_TESTS=str(tmp_path / "suite")))
+    assert r.returncode == 1, r.stdout[-3000:]
+    assert re.search(r"ERROR: \d+ collected test\(s\) never ran", r.stdout), r.stdout[-3000:]

@@ -13,9 +13,19 @@ controller too: the workers' reports reach it) and, at the end, asks this module
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+_TALLY = re.compile(r"\b(?:passed|failed|errors?|skipped|xfailed|xpassed|deselected|no tests ran)\b.* in [0-9.]+s")
+
+
+def tally(log: str) -> str:
+    """pytest's own tally line ("3 passed, 1 skipped in 2.50s") of a run's output, "" when there is none:
+    the line to parse now that the k3-numerics block follows it."""
+    lines = [ln.strip(" =") for ln in log.splitlines() if _TALLY.search(ln)]
+    return lines[-1] if lines else ""
 
 
 @dataclass(frozen=True)

@@ -188,8 +188,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
     """Bad input stops before the run, one line each naming the flag and the fix (pytest's usage error,
-    exit 4): an unknown hypothesis profile, an unknown engine, a drift CSV or folder that cannot be
-    written. Runs before any plugin's pytest_configure (hypothesis' would raise an internal error)."""
+    exit 4): an unknown hypothesis profile, a drift CSV or folder that cannot be written (an unknown
+    engine: pytest_sessionstart). Runs before any plugin's pytest_configure (hypothesis' would raise an
+    internal error)."""
     from hypothesis.errors import InvalidArgument
 
     profile = config.getoption("hypothesis_profile", None)
@@ -200,13 +201,6 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
             known = sorted(getattr(settings, "_profiles", {}))
             raise pytest.UsageError(f"--hypothesis-profile {profile}: not a registered profile; registered: "
                                     f"{', '.join(known)}") from None
-    opt = config.getoption("--engine")
-    if opt:
-        names = [n.strip() for n in opt.split(",") if n.strip()]
-        unknown = [n for n in names if n not in registry.known()]
-        if unknown:
-            raise pytest.UsageError(f"--engine {opt}: unknown engine(s) {', '.join(unknown)}; known: "
-                                    f"{', '.join(registry.known())}")
     for flag, target in (("--drift-csv", config.getoption("--drift-csv")),
                          ("--drift-dir", config.getoption("--drift-dir"))):
         if target:
@@ -216,6 +210,19 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
                 raise pytest.UsageError(f"{flag} {target}: cannot write there ({why}); give a path in a writable "
                                         "folder")
     return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """An unknown --engine is a usage error before collection (here, once every plugin's pytest_configure
+    has registered its engines: tests.mutants registers its own)."""
+    opt = session.config.getoption("--engine")
+    if opt and not hasattr(session.config, "workerinput"):
+        names = [n.strip() for n in opt.split(",") if n.strip()]
+        unknown = [n for n in names if n not in registry.known()]
+        if unknown:
+            raise pytest.UsageError(f"--engine {opt}: unknown engine(s) {', '.join(unknown)}; known: "
+                                    f"{', '.join(registry.known())}")
 
 
 def _unwritable(folder: Path) -> str:
@@ -450,6 +457,12 @@ _REPORTED: set[str] = set()  # every test a report arrived for
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
     _COLLECTED.update(ids)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What this run means to run: the items left after deselection (-k, -m)."""
+    if not hasattr(session.config, "workerinput") and not _is_controller(session.config):
+        _COLLECTED.update(item.nodeid for item in session.items)
 
 
 def _outcomes() -> list[accounting.Outcome]:
@@ -821,8 +834,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             h = getattr(getattr(item, "obj", None), "hypothesis", None)
             if h is not None and hasattr(h, "inner_test"):
                 h.inner_test = isolation.releasing(h.inner_test)
-    if not hasattr(config, "workerinput"):
-        _COLLECTED.update(item.nodeid for item in items)
+
     versions: dict[str, str] = {}
     for item in ours:  # known divergences: strict xfail, so an upstream fix turns the case red
         callspec = getattr(item, "callspec", None)

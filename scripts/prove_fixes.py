@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from k3num.harness import fixes  # noqa: E402
+from k3num.harness import accounting, fixes  # noqa: E402
 
 
 def _pytest(fix: fixes.Fix, engine: str, profile: str, tree: Path | None) -> tuple[str, float, str]:
@@ -33,7 +33,7 @@ def _pytest(fix: fixes.Fix, engine: str, profile: str, tree: Path | None) -> tup
         cmd += ["--engine-src", f"{fix.engine}={tree}"]
     t0 = time.time()
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-300:]
+    tail = accounting.tally(r.stdout) or r.stderr[-300:]
     counts = dict((k, int(n)) for n, k in re.findall(r"(\d+) (passed|failed|xfailed|xpassed|skipped|error)", tail))
     return ",".join(f"{k}={v}" for k, v in sorted(counts.items())) or tail, time.time() - t0, r.stdout
 

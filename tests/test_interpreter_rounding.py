@@ -12,7 +12,7 @@ the nearest-even adaptation (engines.triton_support.round_bf16_to_nearest_even) 
   so their fp32 values may differ by a few fp32 ulps (k u32, k up to the reduction length). Rounded to
   bf16 that flips the result by one ulp when the value lies within k u32 of a rounding boundary, with
   probability about k u32 / u16 = k 2^-16 per element: at most 1 ulp, in at most 64 * 2^-16 ~ 1e-3 of
-  the elements (seen: 5 of 62,848).
+  the elements (seen: 5 of 50,560).
 """
 
 from __future__ import annotations

@@ -104,11 +104,11 @@ def _own_dirs() -> tuple[str, ...]:
 
 def _ours(item: pytest.Item) -> bool:
     """Whether a collected test is one of the harness's own (see the module docstring)."""
-    path = str(getattr(item, "path", "") or "")
-    if not path:
-        return False
-    resolved = os.path.realpath(path)
-    return any(resolved.startswith(d) for d in _own_dirs())
+    return _own_path(str(getattr(item, "path", "") or ""))
+
+
+def _own_path(path: str) -> bool:
+    return bool(path) and any(os.path.realpath(path).startswith(d) for d in _own_dirs())
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -456,13 +456,14 @@ _REPORTED: set[str] = set()  # every test a report arrived for
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
-    _COLLECTED.update(ids)
+    root = str(node.config.rootpath)
+    _COLLECTED.update(i for i in ids if _own_path(os.path.join(root, i.split("::")[0])))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """What this run means to run: the items left after deselection (-k, -m)."""
+    """What this run means to run of ours: the items left after deselection (-k, -m)."""
     if not hasattr(session.config, "workerinput") and not _is_controller(session.config):
-        _COLLECTED.update(item.nodeid for item in session.items)
+        _COLLECTED.update(item.nodeid for item in session.items if _ours(item))
 
 
 def _outcomes() -> list[accounting.Outcome]:
@@ -648,7 +649,9 @@ def _judge_the_account(session: pytest.Session) -> None:
     config = session.config
     if hasattr(config, "workerinput"):
         return
-    empty = accounting.ran_nothing(_outcomes(), _named_engines(config))
+    # (only where tests of ours took an engine: a foreign suite that names an engine through
+    # K3NUM_ENGINE_SRC for k3num.api.engine is not judged by this rule)
+    empty = accounting.ran_nothing(_outcomes(), _named_engines(config)) if _ACCOUNT else []
     config._k3num_empty = empty  # type: ignore[attr-defined]
     # collected and never reported: a test xdist dropped (its restart limit reached after crashed
     # workers) or a run cut short; said by name, and a run that meant to run them does not pass

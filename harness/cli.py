@@ -48,14 +48,26 @@ def fetch_targets() -> list[str]:
 
 
 def cmd_build_ops(args: argparse.Namespace) -> int:
+    """Exit 0 built (or cached), 2 when it cannot build here (no CUDA, a checkout missing files or with a
+    changed schema, a compile error), each with its reason."""
+    import os
+
     from k3num.supply import cuda_ops
 
+    if args.engine_src:
+        os.environ[fetch.ENGINE_SRC_ENV] = ",".join(args.engine_src)
     try:
-        so = cuda_ops.build(verbose=args.verbose, jobs=args.jobs)
-    except cuda_ops.BuildError as e:
+        local = fetch.local_sources()
+        unknown = sorted(set(local) - {"vllm"})
+        if unknown:
+            raise ValueError(f"--engine-src {unknown[0]}: build-ops builds vLLM's ops only (--engine-src vllm=PATH)")
+        cuda_ops.arch()  # no CUDA: said before the checkout is read, nothing made in the cache
+        src = cuda_ops.checkout_sources(local["vllm"]) if "vllm" in local else cuda_ops.pinned_sources()
+        so = cuda_ops.build(verbose=args.verbose, jobs=args.jobs, src=src)
+    except (cuda_ops.BuildError, ValueError) as e:
         print(f"[build-ops] ERROR: {e}", file=sys.stderr)
-        return 1
-    print(f"[build-ops] {cuda_ops.describe(so)}")
+        return 2
+    print(f"[build-ops] {cuda_ops.describe(so, src)}")
     return 0
 
 
@@ -266,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
                                          "CUDA ops from the pinned sdist (CUDA machine; cached)")
     b.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (MAX_JOBS; default: all cores)")
     b.add_argument("-v", "--verbose", action="store_true", help="show the compiler's commands")
+    b.add_argument("--engine-src", action="append", default=[], metavar="vllm=PATH",
+                   help="build the ops from a vLLM checkout's csrc/ instead of the pinned sdist's (version "
+                        "<pin>+local, cached by the hash of its files); the properties, check and replay with the "
+                        "same --engine-src then run on them")
     b.set_defaults(func=cmd_build_ops)
     g = sub.add_parser("golden", help="golden sets: inputs and float64 oracle outputs stored as safetensors")
     gsub = g.add_subparsers(dest="golden_cmd", required=True, metavar="ACTION")

@@ -8,7 +8,10 @@
 #     K3NUM_ENGINE_CACHE=$PWD/engine-cache k3num fetch
 #   and carry engine-cache/ without its wheels/ folder (about 0.5 MB).
 # Usage: scripts/device_session.sh OUT [PARTS]
-#   PARTS: comma-separated, any of ops,bench,race,k3,small,hunt,sanitize,golden,k3det,scale,stores,isolation
+#   PARTS: comma-separated, any of ops,bench,race,k3,small,hunt,sanitize,golden,k3det,scale,stores,isolation,csrc
+#   `csrc` builds vLLM's ops from the pinned sdist and then from a checkout's csrc (the pinned files laid out as
+#   a checkout, cache_kernels.cu edited: `k3num build-ops --engine-src vllm=TREE`), timing both, and runs the
+#   context-KV properties on the checkout's ops.
 #   `stores` captures the bf16 stores of the pinned Triton kernels on stored inputs
 #   (`python -m k3num.harness.store_golden capture OUT/bf16_stores_h200.safetensors`: what the CPU
 #   interpreter's rounding is checked against, tests/test_interpreter_rounding.py).
@@ -50,8 +53,8 @@ out=${1:?usage: scripts/device_session.sh OUT [PARTS]}
 parts=",${2:-bench,race,k3,small},"
 want() { [[ "$parts" == *",$1,"* ]]; }
 for p in ${parts//,/ }; do
-    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation) ;;
-        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation)"
+    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc) ;;
+        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc)"
            exit 2;; esac
 done
 mkdir -p "$out"
@@ -71,7 +74,7 @@ small_engines=${K3NUM_SMALL_ENGINES:-vllm vllm-rocm sglang tokenspeed}
 for e in vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
-bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0
+bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0
 if want stores; then
     echo "== bf16 stores of the pinned Triton kernels on stored inputs"
     python -m k3num.harness.store_golden capture "$out/bf16_stores_h200.safetensors" 2>&1 | tail -n 5
@@ -153,6 +156,27 @@ if want sanitize; then
         --timeout "${K3NUM_SANITIZE_TIMEOUT:-200}"
     sanitize=$?
 fi
+if want csrc; then
+    echo "== build-ops from a checkout's csrc (the pinned files laid out as a vLLM checkout, one kernel edited)"
+    [ -f "$K3NUM_ENGINE_CACHE/vllm-0.33.0-csrc/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/vllm-0.33.0-csrc (carry it)"; exit 2; }
+    tree=/tmp/k3num-vllm-checkout; rm -rf "$tree"; mkdir -p "$tree"
+    cp -r "$K3NUM_ENGINE_CACHE/vllm-0.33.0-csrc/csrc" "$tree/csrc"
+    cp -r "$K3NUM_ENGINE_CACHE/vllm-0.33.0/vllm" "$tree/vllm"
+    echo "// a head's edit (k3num device_session csrc)" >> "$tree/csrc/cache_kernels.cu"
+    t0=$(date +%s)
+    python -m k3num.harness.cli build-ops --jobs "$(nproc)" 2>&1 | tail -n 3 | tee "$out/csrc_pinned.log"
+    t1=$(date +%s)
+    python -m k3num.harness.cli build-ops --jobs "$(nproc)" --engine-src "vllm=$tree" 2>&1 | tail -n 3 | tee "$out/csrc_head.log"
+    csrc=${PIPESTATUS[0]}
+    t2=$(date +%s)
+    echo "build-ops: pinned $((t1 - t0)) s, checkout $((t2 - t1)) s (exit $csrc)" | tee -a "$out/csrc_head.log"
+    if [ "$csrc" -eq 0 ]; then
+        timeout -s INT "${K3NUM_CSRC_TIMEOUT:-150}" python -m pytest properties/test_context_kv_ops.py properties/test_context_kv.py \
+            --engine vllm --engine-src "vllm=$tree" -p no:cacheprovider -q --hypothesis-profile=ci \
+            --drift-csv "$out/csrc_head.csv" 2>&1 | tail -n 30 | tee -a "$out/csrc_head.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || csrc=1
+    fi
+fi
 if want ops; then
     echo "== vLLM's CUDA ops: build, speed, properties"
     [ -f "$K3NUM_ENGINE_CACHE/vllm-0.33.0-csrc/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/vllm-0.33.0-csrc (carry it)"; exit 2; }
@@ -203,5 +227,5 @@ if [ -n "$k3_pid" ]; then wait "$k3_pid"; k3=$?; cat "$out/k3.log"; fi
 if [ -n "$small_pid" ]; then wait "$small_pid"; small=$?; cat "$out/small.log"; fi
 dirs=(); for d in k3 small; do [ -d "$out/$d" ] && dirs+=("$d"); done
 [ ${#dirs[@]} -gt 0 ] && tar czf "$out/properties.tgz" -C "$out" "${dirs[@]}"
-echo "device_session: stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
-[ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]
+echo "device_session: csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
+[ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]

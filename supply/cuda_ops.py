@@ -101,22 +101,91 @@ def arch() -> str:
     return f"{major}{minor}"
 
 
-def build_key(gpu_arch: str) -> str:
-    """The cache key: (sdist sha256, torch version, CUDA arch, our registration template and flags)."""
+@dataclass(frozen=True)
+class CudaSources:
+    """Where the ops' C++/CUDA files come from: the pinned sdist's csrc (hash-checked), or a checkout's
+    csrc (`--engine-src vllm=PATH`; its files hashed as read). `root` holds csrc/; `digest` is the sha256
+    the build is cached by (the sdist's, or one over the checkout's files: name and bytes)."""
+
+    root: Path
+    label: str  # "0.33.0" or "0.33.0+local"
+    digest: str
+    origin: str  # what the records' real_ops say the ops were built from
+
+    @property
+    def local(self) -> bool:
+        return self.label.endswith("+local")
+
+
+def pinned_sources() -> CudaSources:
+    return CudaSources(fetch.csrc_dir(ENGINE), fetch.PINS[ENGINE].version, fetch.SDISTS[ENGINE].sha256,
+                       f"{fetch.SDISTS[ENGINE].filename}, sha256 {fetch.SDISTS[ENGINE].sha256[:12]}...")
+
+
+def checkout_sources(tree: Path) -> CudaSources:
+    """A checkout's csrc for the bound ops: its include closure of the pinned roots, read from `tree`, checked
+    against the pinned contract (BuildError naming every missing file, and every op whose schema in
+    csrc/torch_bindings.cpp differs from the pinned sdist's)."""
+    roots = fetch.SDISTS[ENGINE].roots
+    missing = [r for r in roots if not (tree / r).is_file()]
+    if missing:
+        raise BuildError(f"{tree}: the checkout's csrc lacks {', '.join(missing)} (the bound ops are built from "
+                         f"{', '.join(SOURCES)})")
+
+    def read(path: str) -> str | None:
+        p = tree / path
+        return p.read_text(errors="replace") if p.is_file() else None
+
+    try:
+        files = fetch.include_closure(read, roots)
+    except fetch.FetchError as e:
+        raise BuildError(f"{tree}: {e}") from e
+    _same_schemas(tree)
     h = hashlib.sha256()
-    for part in (fetch.SDISTS[ENGINE].sha256, torch.__version__, str(torch.version.cuda), gpu_arch, REGISTRATION,
+    for rel in files:
+        h.update(rel.encode() + b"\0" + (tree / rel).read_bytes() + b"\0")
+    digest = h.hexdigest()
+    return CudaSources(tree, f"{fetch.PINS[ENGINE].version}+local", digest,
+                       f"the checkout {tree} ({len(files)} csrc files, sha256 {digest[:12]}...)")
+
+
+def _same_schemas(tree: Path) -> None:
+    """BuildError when the checkout declares a bound op with another schema than the pinned sdist."""
+    pinned_bindings = fetch.csrc_dir(ENGINE) / BINDINGS
+    if not pinned_bindings.is_file():
+        return  # nothing pinned to compare with here (k3num fetch vllm-csrc); the checkout's own are used
+    want, got = schemas(pinned_bindings.read_text()), schemas((tree / BINDINGS).read_text(errors="replace"))
+    changed = [f"{ns}::{op}: pinned `{want[(ns, op)]}`, checkout `{got[(ns, op)]}`" for ns, op in OPS
+               if want[(ns, op)] != got[(ns, op)]]
+    if changed:
+        raise BuildError(f"contract changed: {BINDINGS}: {'; '.join(changed)}")
+
+
+def sources_for(tree: Path | None = None) -> CudaSources:
+    """The sources of the engine's tree here: the checkout's csrc when `tree` (the local vLLM tree) has one,
+    else the pinned sdist's."""
+    if tree is not None and (tree / "csrc").is_dir():
+        return checkout_sources(tree)
+    return pinned_sources()
+
+
+def build_key(gpu_arch: str, src: CudaSources | None = None) -> str:
+    """The cache key: (the sources' digest, torch version, CUDA arch, our registration template and flags)."""
+    src = src or pinned_sources()
+    h = hashlib.sha256()
+    for part in (src.digest, torch.__version__, str(torch.version.cuda), gpu_arch, REGISTRATION,
                  *DEFINES, *CUDA_UNDEFINES, *LDFLAGS, *SOURCES):
         h.update(part.encode() + b"\0")
     torch_version = torch.__version__.replace("+", "_")
-    return f"vllm-{fetch.PINS[ENGINE].version}-torch{torch_version}-sm{gpu_arch}-{h.hexdigest()[:12]}"
+    return f"vllm-{src.label.replace('+', '_')}-torch{torch_version}-sm{gpu_arch}-{h.hexdigest()[:12]}"
 
 
-def build_dir(gpu_arch: str) -> Path:
-    return fetch.cache_root() / "ops" / build_key(gpu_arch)
+def build_dir(gpu_arch: str, src: CudaSources | None = None) -> Path:
+    return fetch.cache_root() / "ops" / build_key(gpu_arch, src)
 
 
-def library_path(gpu_arch: str) -> Path:
-    return build_dir(gpu_arch) / f"{LIB_NAME}.so"
+def library_path(gpu_arch: str, src: CudaSources | None = None) -> Path:
+    return build_dir(gpu_arch, src) / f"{LIB_NAME}.so"
 
 
 @dataclass(frozen=True)
@@ -142,36 +211,39 @@ def first_compile_error(log: str) -> CompileError | None:
     return CompileError(m.group("file"), int(m.group("line")), m.group("msg").strip())
 
 
-def build(*, verbose: bool = False, jobs: int | None = None, log=print) -> Path:
+def build(*, verbose: bool = False, jobs: int | None = None, log=print, src: CudaSources | None = None) -> Path:
     """Build (or find cached) the ops library for this GPU and torch; return its path, loaded.
 
     Two processes may build at once (xdist workers, two jobs): the build holds the cache lock of its
     key, a process that waited finds the library built, and the library is compiled in a folder of
     its own and moved into place whole, so `<key>/k3num_vllm_ops.so` is never a half-written file."""
-    gpu_arch = arch()
-    so = library_path(gpu_arch)
+    gpu_arch = arch()  # before anything is read or made: without CUDA nothing is left in the cache
+    src = src or pinned_sources()
+    so = library_path(gpu_arch, src)
     if not so.exists():
-        with fetch.cache_lock(f"ops-{build_key(gpu_arch)}", log=log):
+        with fetch.cache_lock(f"ops-{build_key(gpu_arch, src)}", log=log):
             if not so.exists():  # else another process built it while this one waited
-                _build_into(so.parent, gpu_arch, verbose=verbose, jobs=jobs, log=log)
+                _build_into(so.parent, gpu_arch, src, verbose=verbose, jobs=jobs, log=log)
                 return so  # the build loaded it (cpp_extension.load); a second load would register twice
     log(f"[build-ops] cached: {so}")
     torch.ops.load_library(str(so))
     return so
 
 
-def _build_into(out: Path, gpu_arch: str, *, verbose: bool, jobs: int | None, log) -> None:
+def _build_into(out: Path, gpu_arch: str, src: CudaSources, *, verbose: bool, jobs: int | None, log) -> None:
     """Compile into a fresh sibling folder of `out`, then rename it to `out` (under the build's lock)."""
     import shutil
     import tempfile
 
-    problems = fetch.csrc_problems(ENGINE)
-    if problems:
-        try:
-            fetch.fetch_csrc(ENGINE, log=log)
-        except fetch.FetchError as e:
-            raise BuildError(f"the pinned csrc is not here and cannot be fetched ({'; '.join(problems)}): {e}") from e
-    csrc = fetch.csrc_dir(ENGINE)
+    if not src.local:
+        problems = fetch.csrc_problems(ENGINE)
+        if problems:
+            try:
+                fetch.fetch_csrc(ENGINE, log=log)
+            except fetch.FetchError as e:
+                raise BuildError(f"the pinned csrc is not here and cannot be fetched ({'; '.join(problems)}): "
+                                 f"{e}") from e
+    csrc = src.root
     out.parent.mkdir(parents=True, exist_ok=True)
     for stale in out.parent.glob(f".{out.name}.*{fetch.TMP_SUFFIX}"):  # a killed build's folder
         shutil.rmtree(stale, ignore_errors=True)
@@ -216,16 +288,19 @@ def _compile(csrc: Path, out: Path, gpu_arch: str, *, verbose: bool, jobs: int |
         raise BuildError(f"the build finished but {so} is not there")
 
 
-def load() -> tuple[Path | None, str]:
-    """(library, "") when a build for this GPU and torch is cached (loaded now), else (None, why not).
-    Never builds: `k3num build-ops` does."""
+def load(src: CudaSources | None = None) -> tuple[Path | None, str]:
+    """(library, "") when a build of these sources for this GPU and torch is cached (loaded now), else
+    (None, why not). Never builds: `k3num build-ops` does."""
     try:
         gpu_arch = arch()
     except BuildError as e:
         return None, str(e)
-    so = library_path(gpu_arch)
+    src = src or pinned_sources()
+    so = library_path(gpu_arch, src)
     if not so.exists():
-        return None, f"the ops are not built for sm_{gpu_arch} and torch {torch.__version__}: run `k3num build-ops`"
+        how = "k3num build-ops" + (f" --engine-src vllm={src.root}" if src.local else "")
+        return None, (f"the ops of {src.origin} are not built for sm_{gpu_arch} and torch {torch.__version__}: "
+                      f"run `{how}`")
     try:
         torch.ops.load_library(str(so))
     except OSError as e:
@@ -233,6 +308,6 @@ def load() -> tuple[Path | None, str]:
     return so, ""
 
 
-def describe(so: Path) -> str:
-    return (f"{', '.join(f'torch.ops.{ns}.{op}' for ns, op in OPS)} built from {fetch.SDISTS[ENGINE].filename} "
-            f"(sha256 {fetch.SDISTS[ENGINE].sha256[:12]}...) in {so}")
+def describe(so: Path, src: CudaSources | None = None) -> str:
+    src = src or pinned_sources()
+    return f"{', '.join(f'torch.ops.{ns}.{op}' for ns, op in OPS)} built from {src.origin} in {so}"

@@ -9,6 +9,9 @@ reported by file and line, and without CUDA the mode is absent and says why.
 from __future__ import annotations
 
 import io
+import os
+import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -154,7 +157,7 @@ def test_without_cuda_the_build_is_refused_and_the_mode_says_why() -> None:
     assert cuda_ops.load() == (None, "no CUDA device: the ops are CUDA kernels (torch.cuda.is_available() is False)")
     proc = subprocess.run([sys.executable, "-m", "k3num.harness.cli", "build-ops"], cwd=ROOT, capture_output=True,
                           text=True)
-    assert proc.returncode == 1 and "[build-ops] ERROR: no CUDA device" in proc.stderr
+    assert proc.returncode == 2 and "[build-ops] ERROR: no CUDA device" in proc.stderr
 
 
 def test_the_cli_lists_every_subcommand() -> None:
@@ -165,3 +168,52 @@ def test_the_cli_lists_every_subcommand() -> None:
 
 def test_the_vllm_csrc_pin_names_its_manifest() -> None:
     assert len(fetch.SDISTS["vllm"].manifest_sha256) == 64
+
+
+# --- a checkout's csrc (`k3num build-ops --engine-src vllm=PATH`) ----------------------------------------
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    """A vLLM checkout's root: the pinned csrc closure under csrc/ (what `k3num fetch vllm-csrc` extracted)."""
+    if fetch.csrc_problems("vllm"):
+        pytest.skip("vLLM's csrc is not fetched here (k3num fetch vllm-csrc)")
+    tree = tmp_path / "vllm-checkout"
+    shutil.copytree(fetch.csrc_dir("vllm") / "csrc", tree / "csrc")
+    return tree
+
+
+def test_a_checkouts_csrc_is_built_as_local_and_cached_by_the_hash_of_its_files(checkout: Path) -> None:
+    src = cuda_ops.checkout_sources(checkout)
+    assert src.local and src.label == "0.33.0+local" and src.root == checkout
+    assert cuda_ops.build_key("90", src) != cuda_ops.build_key("90")  # not the pinned build
+    with open(checkout / "csrc" / "cache_kernels.cu", "a") as fh:
+        fh.write("// a change of the head\n")
+    assert cuda_ops.checkout_sources(checkout).digest != src.digest  # an edit is a new build
+
+
+def test_a_checkout_missing_a_bound_file_is_refused_naming_it(checkout: Path) -> None:
+    (checkout / "csrc" / "pos_encoding_kernels.cu").unlink()
+    with pytest.raises(cuda_ops.BuildError, match=r"the checkout's csrc lacks csrc/pos_encoding_kernels.cu"):
+        cuda_ops.checkout_sources(checkout)
+
+
+def test_a_checkout_that_changed_a_bound_schema_is_refused_with_the_difference(checkout: Path) -> None:
+    b = checkout / "csrc" / "torch_bindings.cpp"
+    text = b.read_text()
+    pinned = cuda_ops.schemas(text)[("_C", "rms_norm")]
+    b.write_text(text.replace("float epsilon", "float epsilon, bool fast", 1))
+    with pytest.raises(cuda_ops.BuildError, match=r"contract changed: csrc/torch_bindings.cpp: _C::rms_norm: "
+                                                  rf"pinned `{re.escape(pinned)}`, checkout `.*bool fast"):
+        cuda_ops.checkout_sources(checkout)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_build_ops_of_a_checkout_without_cuda_says_why_and_leaves_nothing_in_the_cache(checkout: Path,
+                                                                                      tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    proc = subprocess.run([sys.executable, "-m", "k3num.harness.cli", "build-ops", "--engine-src", f"vllm={checkout}"],
+                          cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "K3NUM_ENGINE_CACHE": str(cache)})
+    assert proc.returncode == 2 and "[build-ops] ERROR: no CUDA device" in proc.stderr, proc.stderr
+    assert not (cache / "ops").exists()

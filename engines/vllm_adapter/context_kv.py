@@ -182,13 +182,17 @@ def _built_ops(root: Path, interpret: bool) -> tuple[Any | None, str, str]:
         return None, STANDIN_OPS, "no CUDA: the compiled ops cannot run here"
     from k3num.supply import cuda_ops
 
-    so, why = cuda_ops.load()
+    try:  # a checkout with its own csrc runs the ops built from it (`k3num build-ops --engine-src vllm=PATH`)
+        src = cuda_ops.sources_for(root if "vllm" in fetch.local_sources() else None)
+    except cuda_ops.BuildError as e:
+        return None, STANDIN_OPS, str(e)
+    so, why = cuda_ops.load(src)
     if so is None:
         return None, STANDIN_OPS, why
     ns = {"torch": torch}
     ops = types.SimpleNamespace(**{name: source.lift(root / CUSTOM_OPS_PY, name, ns) for name in BUILT_OPS})
-    return ops, (f"real (built by k3num build-ops from {fetch.SDISTS['vllm'].filename}, sha256 "
-                 f"{fetch.SDISTS['vllm'].sha256[:12]}...): {', '.join(BUILT_OPS)}; {PER_LAYER_WRITE_STANDIN}"), ""
+    label = f"real (built by k3num build-ops from {src.origin}): {', '.join(BUILT_OPS)}; {PER_LAYER_WRITE_STANDIN}"
+    return ops, label, ""
 
 
 # the compiled ops `_precompute_fused_context_kv` calls, by their vllm/_custom_ops.py wrapper names

@@ -6,8 +6,8 @@
 
 It judges the checkout's attn_res kernel (Triton: natively on a GPU, under the interpreter on a CPU)
 against the float64 oracle, with the suite's own budget, on hypothesis' cases; the other judged
-subjects follow the same pattern (`api.judges` holds each property's oracle and budget). A failure is the suite's small report. K3NUM_EXAMPLE_ENGINE picks another engine
-of the harness (default vllm).
+subjects follow the same pattern (`api.judges` holds each property's oracle and budget). A failure is
+the suite's small report. K3NUM_EXAMPLE_ENGINE picks another engine of the harness (default vllm).
 """
 
 from __future__ import annotations

@@ -45,6 +45,16 @@ def _one(lines: list[str], lo: int, hi: int, pattern: str, path: str) -> int:
     return hits[0]
 
 
+def _replace_in(text: str, path: str, func: str, pattern: str, old: str, new: str) -> str:
+    """`text` with `old` replaced by `new` on the one line of top-level function `func` matching `pattern`
+    (FixError when the function or the one line is not there)."""
+    lines = text.splitlines(keepends=True)
+    lo, hi = _lines_of(text, func, path)
+    i = _one(lines, lo, hi, pattern, path)
+    lines[i] = lines[i].replace(old, new, 1)
+    return "".join(lines)
+
+
 def _delta_barrier(lines: list[str], text: str, path: str) -> int:
     """The line of `if HAS_DELTA:` directly followed by `tl.debug_barrier()` in _attn_res_kernel (the
     first `if HAS_DELTA:` guards the delta load)."""
@@ -84,11 +94,7 @@ def aggregate_fused_through_dispatch(text: str, path: str) -> str:
     """K3N-008: `_aggregate_fused` calls `_mix_fused` for every shape; calling `aggregate_stream`
     instead gives it the public path's dispatch (the eager fallback when H % 1024 != 0, the same
     Triton pair otherwise)."""
-    lines = text.splitlines(keepends=True)
-    lo, hi = _lines_of(text, "_aggregate_fused", path)
-    i = _one(lines, lo, hi, r"_mix_fused\(", path)
-    lines[i] = lines[i].replace("_mix_fused(", "aggregate_stream(", 1)
-    return "".join(lines)
+    return _replace_in(text, path, "_aggregate_fused", r"_mix_fused\(", "_mix_fused(", "aggregate_stream(")
 
 
 def refuse_bank_indices_outside_the_bank(text: str, path: str) -> str:
@@ -117,11 +123,8 @@ def drop_delta_barrier(text: str, path: str) -> str:
 def unmask_source_columns(text: str, path: str) -> str:
     """Mutant (unmasked load): the source tile's loads keep the row mask but lose the column mask, so
     for a hidden size below the power-of-two tile they read past each row."""
-    lines = text.splitlines(keepends=True)
-    lo, hi = _lines_of(text, "_attn_res_kernel", path)
-    i = _one(lines, lo, hi, r"mask=source_mask\[:, None\] & d_mask\[None, :\]", path)
-    lines[i] = lines[i].replace("source_mask[:, None] & d_mask[None, :]", "source_mask[:, None]")
-    return "".join(lines)
+    return _replace_in(text, path, "_attn_res_kernel", r"mask=source_mask\[:, None\] & d_mask\[None, :\]",
+                       "source_mask[:, None] & d_mask[None, :]", "source_mask[:, None]")
 
 
 def record_mix_fused_calls(text: str, path: str) -> str:
@@ -143,32 +146,23 @@ def record_mix_fused_calls(text: str, path: str) -> str:
 def scale_combined_mixture(text: str, path: str) -> str:
     """Planted bug (numeric): `_combine_kernel` stores twice the mixture. Every property that judges a
     mixture this kernel computes must fail; nothing else may."""
-    lines = text.splitlines(keepends=True)
-    lo, hi = _lines_of(text, "_combine_kernel", path)
-    i = _one(lines, lo, hi, r"^\s*acc\.to\(out_ptr\.dtype\.element_ty\),\s*$", path)
-    lines[i] = lines[i].replace("acc.to(", "(acc * 2.0).to(")
-    return "".join(lines)
+    return _replace_in(text, path, "_combine_kernel", r"^\s*acc\.to\(out_ptr\.dtype\.element_ty\),\s*$", "acc.to(",
+                       "(acc * 2.0).to(")
 
 
 def combine_store_out_of_bounds(text: str, path: str) -> str:
     """Planted bug (an illegal address): `_combine_kernel` stores 2^40 elements past its output, which
     leaves the CUDA context unusable; the harness must stop that worker's later tests as 'not run:
     CUDA context lost', not report them failed."""
-    lines = text.splitlines(keepends=True)
-    lo, hi = _lines_of(text, "_combine_kernel", path)
-    i = _one(lines, lo, hi, r"^\s*out_ptr \+ pid_t \* stride_om \+ offs_h,\s*$", path)
-    lines[i] = lines[i].replace("offs_h,", "offs_h + (1 << 40),")
-    return "".join(lines)
+    return _replace_in(text, path, "_combine_kernel", r"^\s*out_ptr \+ pid_t \* stride_om \+ offs_h,\s*$", "offs_h,",
+                       "offs_h + (1 << 40),")
 
 
 def scale_mixture(text: str, path: str) -> str:
     """Mutant (a wrong normalisation): vLLM's _attn_res_kernel divides the mixture by 1.01 times its
     softmax denominator, a 1% error every accuracy property sees (one bf16 rounding is 0.4%)."""
-    lines = text.splitlines(keepends=True)
-    lo, hi = _lines_of(text, "_attn_res_kernel", path)
-    i = _one(lines, lo, hi, r"^\s*mixed /= denominator\s*$", path)
-    lines[i] = lines[i].replace("mixed /= denominator", "mixed /= denominator * 1.01  # k3num mutant")
-    return "".join(lines)
+    return _replace_in(text, path, "_attn_res_kernel", r"^\s*mixed /= denominator\s*$", "mixed /= denominator",
+                       "mixed /= denominator * 1.01  # k3num mutant")
 
 
 def split_context_projection(text: str, path: str) -> str:

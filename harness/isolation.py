@@ -27,6 +27,7 @@ import traceback
 from collections.abc import Callable, Iterator
 
 LOST = "not run: CUDA context lost after"
+RUNDIR_ENV = "K3NUM_RUNDIR"  # the xdist controller's folder where a worker that must go leaves its note
 # what a module with per-test state registers to be dropped after a failure (properties.support's
 # record of the last subject call, under --repro-dir)
 AT_FAILURE: list[Callable[[], None]] = []

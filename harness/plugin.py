@@ -49,9 +49,11 @@ from hypothesis import HealthCheck, Phase, settings
 from k3num.engines import registry
 from k3num.harness import accounting, isolation
 from k3num.oracles import ledger
-from k3num.oracles.drift import COLLECTOR, SM100_NOTE, covers_vllm_attn_res, summarize
-from k3num.oracles.records import NOT_RUN
-from k3num.oracles.records import not_run as not_run_record
+from k3num.oracles.drift import COLLECTOR
+
+# the plugin's other halves: what a failed test leaves behind and a lost CUDA context (run_isolation), and
+# the run's account per engine with the block that ends the log (run_summary)
+pytest_plugins = ["k3num.harness.run_isolation", "k3num.harness.run_summary"]
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 if not _WORKER and torch.cuda.is_available():
@@ -269,10 +271,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if csv and _is_controller(config):  # partial files of an earlier run must not join this one
         for p in scaleout.partial_paths(csv):
             p.unlink()
-    if _is_controller(config) and not os.environ.get(RUNDIR_ENV):  # before xdist starts its workers
+    if _is_controller(config) and not os.environ.get(isolation.RUNDIR_ENV):  # before xdist starts workers
         import tempfile
 
-        os.environ[RUNDIR_ENV] = tempfile.mkdtemp(prefix="k3num-run-")
+        os.environ[isolation.RUNDIR_ENV] = tempfile.mkdtemp(prefix="k3num-run-")
     repro_dir = config.getoption("--repro-dir")
     if repro_dir is not None:
         os.environ["K3NUM_REPRO_DIR"] = repro_dir
@@ -381,38 +383,6 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
         raise pytest.UsageError(str(e)) from e
 
 
-# K3NUM_MEMORY_LOG=PATH: one CSV line per test with its CUDA memory (the GPU isolation proof,
-# scripts/gpu_isolation.py): the peak allocated during the test, and what is still allocated after its
-# teardown, before and after a garbage collection (memory a failed test keeps alive)
-MEMORY_LOG_ENV = "K3NUM_MEMORY_LOG"
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    path = os.environ.get(MEMORY_LOG_ENV)
-    cuda = bool(path) and torch.cuda.is_available()
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    yield
-    if not cuda:
-        return
-    import gc
-
-    try:
-        peak, held = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
-        gc.collect()
-        held_gc, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
-    except Exception as e:  # a lost context answers nothing: say so in the log
-        peak = held = held_gc = reserved = -1
-        note = f"{type(e).__name__}: {str(e)[:120]}"
-    else:
-        note = ""
-    outcome = getattr(item, "_k3num_outcome", "")
-    with open(path, "a") as fh:
-        fh.write(",".join(str(v).replace(",", ";") for v in (item.nodeid, outcome, peak, held, held_gc, reserved,
-                                                              note)) + "\n")
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
@@ -434,125 +404,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         rep.user_properties.append(tag)
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """The run's account per engine (harness/accounting.py), kept where the summary is printed."""
-    if report.when in ("setup", "call"):
-        _REPORTED.add(report.nodeid)
-    tags = dict(p for p in report.user_properties if isinstance(p, tuple) and len(p) == 2)
-    if "k3num_engine" not in tags:
-        return
-    state = _ACCOUNT.setdefault(report.nodeid, {"engine": str(tags["k3num_engine"])})
-    decided = accounting.outcome_of(report.when, report.outcome, bool(getattr(report, "wasxfail", "")))
-    if decided is not None:
-        state["outcome"] = decided
-        if decided == "skipped" and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
-            state["reason"] = accounting.short_reason(str(report.longrepr[2]))
-
-
-_ACCOUNT: dict[str, dict[str, str]] = {}  # node id -> engine, outcome, reason (this process's view)
-_COLLECTED: set[str] = set()  # every test collected (on an xdist controller: every worker's collection)
-_REPORTED: set[str] = set()  # every test a report arrived for
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
-    root = str(node.config.rootpath)
-    _COLLECTED.update(i for i in ids if _own_path(os.path.join(root, i.split("::")[0])))
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """What this run means to run of ours: the items left after deselection (-k, -m)."""
-    if not hasattr(session.config, "workerinput") and not _is_controller(session.config):
-        _COLLECTED.update(item.nodeid for item in session.items if _ours(item))
-
-
-def _outcomes() -> list[accounting.Outcome]:
-    return [accounting.Outcome(node, s["engine"], s.get("outcome", "run"), s.get("reason", ""))
-            for node, s in _ACCOUNT.items()]
-
-
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     """Rewrite the drift CSV after every test that added records, so a run cut short (a job's time
-    limit, SIGINT) keeps what it measured; the session end writes it once more. After a failed test
-    of ours: release what it keeps alive, and stop this process if its CUDA context is lost
-    (harness/isolation.py)."""
+    limit, SIGINT, a worker replaced after a lost CUDA context) keeps what it measured; the session end
+    writes it once more."""
     config = item.config
-    failed = getattr(item, "_k3num_outcome", "") == "failed"
-    if failed and _ours(item):
-        isolation.release_failure()
-        why = isolation.context_lost()
-        if why:
-            _context_lost(item, why)
     path = _csv_target(config)
     written = getattr(config, "_k3num_written", 0)
     if path and len(COLLECTOR.records) != written:
         COLLECTOR.write_csv(path)
         config._k3num_written = len(COLLECTOR.records)  # type: ignore[attr-defined]
-    if getattr(config, "_k3num_lost", None) and _WORKER:
-        _replace_this_worker(config)
-
-
-RUNDIR_ENV = "K3NUM_RUNDIR"  # the controller's folder where a worker that must go leaves its note
-
-
-def _context_lost(item: pytest.Item, why: str) -> None:
-    """This process's CUDA context is gone after `item`: nothing more runs here (isolation.LOST)."""
-    item.config._k3num_lost = (item.nodeid, why)  # type: ignore[attr-defined]
-    sys.stderr.write(f"\n[k3num] CUDA context lost after {item.nodeid}: {why}\n")
-
-
-def _replace_this_worker(config: pytest.Config) -> None:
-    """An xdist worker whose context is lost leaves a note for the controller and exits after its test
-    was reported: xdist starts a fresh worker and gives this one's queue to the others; the controller
-    drops the crash report xdist makes for the test (pytest_handlecrashitem below): its own failure
-    was reported already."""
-    import json
-
-    node, why = config._k3num_lost  # type: ignore[attr-defined]
-    rundir = os.environ.get(RUNDIR_ENV)
-    if rundir:
-        with open(os.path.join(rundir, f"lost-{_WORKER}.json"), "w") as fh:
-            json.dump({"worker": _WORKER, "node": node, "why": why}, fh)
-    sys.stderr.flush()
-    sys.stdout.flush()
-    os._exit(3)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched) -> None:
-    """xdist controller: a worker that exited because its CUDA context was lost (its note says after
-    which test) crashed on purpose; that test's failure stands, the crash report becomes a silent one."""
-    import json
-
-    rundir = os.environ.get(RUNDIR_ENV)
-    worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "")
-    note = os.path.join(rundir, f"lost-{worker}.json") if rundir and worker else ""
-    if not note or not os.path.exists(note):
-        return
-    with open(note) as fh:
-        lost = json.load(fh)
-    os.unlink(note)
-    if lost.get("node") != crashitem:
-        return
-    report.outcome, report.when, report.longrepr = "passed", "teardown", None  # type: ignore[assignment]
-    _REPLACED.append((worker, crashitem, lost.get("why", "")))
-
-
-_REPLACED: list[tuple[str, str, str]] = []  # xdist controller: (worker, node, why) of each replaced worker
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A test of ours in a process whose CUDA context is lost is not run, and says so (isolation.LOST)."""
-    lost = getattr(item.config, "_k3num_lost", None)
-    if lost is None or not _ours(item):
-        return
-    node, why = lost
-    callspec = getattr(item, "callspec", None)
-    engine = str(callspec.params.get("engine", "")) if callspec else ""
-    COLLECTOR.add(not_run_record(property=getattr(item, "originalname", item.name), engine=engine, node=item.nodeid,
-                                 why=f"{isolation.LOST} {node}: {why}"))
-    pytest.skip(f"{isolation.LOST} {node}")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -564,7 +425,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         config.workeroutput["k3num_gpu"] = os.environ.get("CUDA_VISIBLE_DEVICES", "")  # type: ignore[attr-defined]
         config.workeroutput["k3num_examples"] = dict(_EXAMPLES)  # type: ignore[attr-defined]
         return
-    _judge_the_account(session)
     path = config.getoption("--drift-csv")
     if not path:
         return
@@ -628,38 +488,6 @@ def _link_latest(config: pytest.Config, csv: str) -> None:
         if target.exists():
             link.symlink_to(os.path.relpath(target, link.parent))
     config._k3num_latest = str(Path(ddir) / "drift.csv")  # type: ignore[attr-defined]
-
-
-def _named_engines(config: pytest.Config) -> list[str]:
-    """The engines the user asked for by name: --engine's list, else the engines an --engine-src feeds."""
-    opt = config.getoption("--engine")
-    if opt:
-        return [n.strip() for n in opt.split(",") if n.strip()]
-    from k3num.supply import fetch
-
-    try:
-        pins = set(fetch.local_sources())
-    except ValueError:
-        return []
-    return [n for n in registry.known() if n.split("-")[0] in pins]
-
-
-def _judge_the_account(session: pytest.Session) -> None:
-    """A named engine that ran no test makes the run fail, naming why (harness/accounting.py)."""
-    config = session.config
-    if hasattr(config, "workerinput"):
-        return
-    # (only where tests of ours took an engine: a foreign suite that names an engine through
-    # K3NUM_ENGINE_SRC for k3num.api.engine is not judged by this rule)
-    empty = accounting.ran_nothing(_outcomes(), _named_engines(config)) if _ACCOUNT else []
-    config._k3num_empty = empty  # type: ignore[attr-defined]
-    # collected and never reported: a test xdist dropped (its restart limit reached after crashed
-    # workers) or a run cut short; said by name, and a run that meant to run them does not pass
-    never = sorted(_COLLECTED - _REPORTED)
-    config._k3num_never = never  # type: ignore[attr-defined]
-    stopped = session.shouldstop or session.shouldfail or session.exitstatus == pytest.ExitCode.INTERRUPTED
-    if (empty or (never and not stopped)) and session.exitstatus == 0:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_testnodedown(node, error) -> None:
@@ -754,73 +582,6 @@ def _bound() -> dict[str, str]:
     """name -> 'name version: mode (note)' of every engine this process built, the mirror included."""
     return {e.name: f"{e.name} {e.version}: {e.mode}" + (f" ({e.mode_note})" if e.mode_note else "")
             for e in registry.built()}
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    """Keep pytest's terminal reporter for the block printed last (pytest_unconfigure)."""
-    config._k3num_tr = terminalreporter  # type: ignore[attr-defined]
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """The last lines of the log, in this order: skips grouped by reason, the engines (each with its mode
-    and its tests run, skipped and known), the named engines that ran nothing, the drift table, the CSV's
-    path, and the command to run next."""
-    if hasattr(config, "workerinput") or not hasattr(config, "_k3num_tr"):
-        return
-    if not (_ACCOUNT or getattr(config, "_k3num_never", []) or _REPLACED or getattr(config, "_k3num_lost", None)):
-        return
-    tw = config._k3num_tr._tw  # type: ignore[attr-defined]
-    outcomes = _outcomes()
-    tw.sep("=", "k3-numerics")
-    groups = accounting.skip_groups(outcomes)
-    if groups and not _asks_skips(config):
-        tw.line(f"skipped, by reason ({sum(n for n, _ in groups)}; -rs lists each):")
-        for n, reason in groups[:12]:
-            tw.line(f"  {n:5d}  {reason[:160]}")
-        if len(groups) > 12:
-            tw.line(f"  ... and {len(groups) - 12} more reasons ({sum(n for n, _ in groups[12:])} skips)")
-    gpus = getattr(config, "_k3num_gpus", None)
-    if gpus and any(g != "-" for g in gpus.values()):
-        tw.line("xdist workers on GPUs: " + ", ".join(f"{w} -> GPU {gpus[w]}" for w in sorted(
-            gpus, key=scaleout.worker_index)))
-    lost = getattr(config, "_k3num_lost", None)
-    if lost:
-        n = sum(r.verdict == NOT_RUN for r in COLLECTOR.records)
-        tw.line(f"CUDA context lost after {lost[0]} ({lost[1]}): {n} later test(s) not run, counted apart from "
-                "failures and skips")
-    for worker, node, why in _REPLACED:
-        tw.line(f"xdist worker {worker} lost its CUDA context after {node} ({why}): replaced, its queue went to "
-                "the other workers")
-    bound = getattr(config, "_k3num_bound", {}) if _is_controller(config) else _bound()
-    if _ACCOUNT:
-        tw.line("engines (how each was bound: tests run, skipped, known divergences):")
-        for line in accounting.engine_lines(outcomes, bound, _engine_names(config)):
-            tw.line(f"  {line}")
-    for name, why in getattr(config, "_k3num_empty", []):
-        tw.line(f"ERROR: engine {name} was asked for and ran no test: {why}", red=True)
-    never = getattr(config, "_k3num_never", [])
-    if never:
-        tw.line(f"ERROR: {len(never)} collected test(s) never ran (xdist stops replacing crashed workers after "
-                f"--max-worker-restart; a run cut short): {', '.join(never[:5])}{' ...' if len(never) > 5 else ''}",
-                red=True)
-    frame = getattr(config, "_k3num_frame", None)
-    summary = summarize(frame) if frame is not None else COLLECTOR.summary()
-    if not summary.empty:
-        tw.line("drift: worst err/budget ratio per engine and subject")
-        tw.line(summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-        if covers_vllm_attn_res(summary):
-            tw.line(SM100_NOTE)
-    written = getattr(config, "_k3num_csv", None)
-    if written:
-        latest = getattr(config, "_k3num_latest", None)
-        tw.line(f"drift CSV: {written[0]} ({written[1]} records)" + (f"; latest: {latest}" if latest else ""))
-        home = Path(latest).parent if latest else Path(written[0]).parent
-        tw.line(f"next: k3num report --history {home / 'history'} --out {home / 'report'} {written[0]}")
-
-
-def _asks_skips(config: pytest.Config) -> bool:
-    """Whether -r asks pytest to list skips itself (s, a or A)."""
-    return any(c in (config.getoption("reportchars", "") or "") for c in "saA")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

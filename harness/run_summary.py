@@ -1,0 +1,157 @@
+"""The k3num plugin's account of the run (harness/accounting.py says what it decides): per engine the
+tests run, skipped and known; a named engine that ran nothing, and tests collected and never run, fail
+the run; and the block that ends the log. Registered by harness/plugin.py (`pytest_plugins`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from k3num.engines import registry
+from k3num.harness import accounting, scaleout
+from k3num.harness.plugin import _bound, _engine_names, _is_controller, _ours, _own_path
+from k3num.harness.run_isolation import _REPLACED
+from k3num.oracles.drift import COLLECTOR, SM100_NOTE, covers_vllm_attn_res, summarize
+from k3num.oracles.records import NOT_RUN
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """The run's account per engine (harness/accounting.py), kept where the summary is printed."""
+    if report.when in ("setup", "call"):
+        _REPORTED.add(report.nodeid)
+    tags = dict(p for p in report.user_properties if isinstance(p, tuple) and len(p) == 2)
+    if "k3num_engine" not in tags:
+        return
+    state = _ACCOUNT.setdefault(report.nodeid, {"engine": str(tags["k3num_engine"])})
+    decided = accounting.outcome_of(report.when, report.outcome, bool(getattr(report, "wasxfail", "")))
+    if decided is not None:
+        state["outcome"] = decided
+        if decided == "skipped" and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
+            state["reason"] = accounting.short_reason(str(report.longrepr[2]))
+
+
+_ACCOUNT: dict[str, dict[str, str]] = {}  # node id -> engine, outcome, reason (this process's view)
+_COLLECTED: set[str] = set()  # every test collected (on an xdist controller: every worker's collection)
+_REPORTED: set[str] = set()  # every test a report arrived for
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    root = str(node.config.rootpath)
+    _COLLECTED.update(i for i in ids if _own_path(os.path.join(root, i.split("::")[0])))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What this run means to run of ours: the items left after deselection (-k, -m)."""
+    if not hasattr(session.config, "workerinput") and not _is_controller(session.config):
+        _COLLECTED.update(item.nodeid for item in session.items if _ours(item))
+
+
+def _outcomes() -> list[accounting.Outcome]:
+    return [accounting.Outcome(node, s["engine"], s.get("outcome", "run"), s.get("reason", ""))
+            for node, s in _ACCOUNT.items()]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _judge_the_account(session)
+
+
+def _named_engines(config: pytest.Config) -> list[str]:
+    """The engines the user asked for by name: --engine's list, else the engines an --engine-src feeds."""
+    opt = config.getoption("--engine")
+    if opt:
+        return [n.strip() for n in opt.split(",") if n.strip()]
+    from k3num.supply import fetch
+
+    try:
+        pins = set(fetch.local_sources())
+    except ValueError:
+        return []
+    return [n for n in registry.known() if n.split("-")[0] in pins]
+
+
+def _judge_the_account(session: pytest.Session) -> None:
+    """A named engine that ran no test makes the run fail, naming why (harness/accounting.py)."""
+    config = session.config
+    if hasattr(config, "workerinput"):
+        return
+    # (only where tests of ours took an engine: a foreign suite that names an engine through
+    # K3NUM_ENGINE_SRC for k3num.api.engine is not judged by this rule)
+    empty = accounting.ran_nothing(_outcomes(), _named_engines(config)) if _ACCOUNT else []
+    config._k3num_empty = empty  # type: ignore[attr-defined]
+    # collected and never reported: a test xdist dropped (its restart limit reached after crashed
+    # workers) or a run cut short; said by name, and a run that meant to run them does not pass
+    never = sorted(_COLLECTED - _REPORTED)
+    config._k3num_never = never  # type: ignore[attr-defined]
+    stopped = session.shouldstop or session.shouldfail or session.exitstatus == pytest.ExitCode.INTERRUPTED
+    if (empty or (never and not stopped)) and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """Keep pytest's terminal reporter for the block printed last (pytest_unconfigure)."""
+    config._k3num_tr = terminalreporter  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The last lines of the log, in this order: skips grouped by reason, the engines (each with its mode
+    and its tests run, skipped and known), the named engines that ran nothing, the drift table, the CSV's
+    path, and the command to run next."""
+    if hasattr(config, "workerinput") or not hasattr(config, "_k3num_tr"):
+        return
+    if not (_ACCOUNT or getattr(config, "_k3num_never", []) or _REPLACED or getattr(config, "_k3num_lost", None)):
+        return
+    tw = config._k3num_tr._tw  # type: ignore[attr-defined]
+    outcomes = _outcomes()
+    tw.sep("=", "k3-numerics")
+    groups = accounting.skip_groups(outcomes)
+    if groups and not _asks_skips(config):
+        tw.line(f"skipped, by reason ({sum(n for n, _ in groups)}; -rs lists each):")
+        for n, reason in groups[:12]:
+            tw.line(f"  {n:5d}  {reason[:160]}")
+        if len(groups) > 12:
+            tw.line(f"  ... and {len(groups) - 12} more reasons ({sum(n for n, _ in groups[12:])} skips)")
+    gpus = getattr(config, "_k3num_gpus", None)
+    if gpus and any(g != "-" for g in gpus.values()):
+        tw.line("xdist workers on GPUs: " + ", ".join(f"{w} -> GPU {gpus[w]}" for w in sorted(
+            gpus, key=scaleout.worker_index)))
+    lost = getattr(config, "_k3num_lost", None)
+    if lost:
+        n = sum(r.verdict == NOT_RUN for r in COLLECTOR.records)
+        tw.line(f"CUDA context lost after {lost[0]} ({lost[1]}): {n} later test(s) not run, counted apart from "
+                "failures and skips")
+    for worker, node, why in _REPLACED:
+        tw.line(f"xdist worker {worker} lost its CUDA context after {node} ({why}): replaced, its queue went to "
+                "the other workers")
+    bound = getattr(config, "_k3num_bound", {}) if _is_controller(config) else _bound()
+    if _ACCOUNT:
+        tw.line("engines (how each was bound: tests run, skipped, known divergences):")
+        for line in accounting.engine_lines(outcomes, bound, _engine_names(config)):
+            tw.line(f"  {line}")
+    for name, why in getattr(config, "_k3num_empty", []):
+        tw.line(f"ERROR: engine {name} was asked for and ran no test: {why}", red=True)
+    never = getattr(config, "_k3num_never", [])
+    if never:
+        tw.line(f"ERROR: {len(never)} collected test(s) never ran (xdist stops replacing crashed workers after "
+                f"--max-worker-restart; a run cut short): {', '.join(never[:5])}{' ...' if len(never) > 5 else ''}",
+                red=True)
+    frame = getattr(config, "_k3num_frame", None)
+    summary = summarize(frame) if frame is not None else COLLECTOR.summary()
+    if not summary.empty:
+        tw.line("drift: worst err/budget ratio per engine and subject")
+        tw.line(summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        if covers_vllm_attn_res(summary):
+            tw.line(SM100_NOTE)
+    written = getattr(config, "_k3num_csv", None)
+    if written:
+        latest = getattr(config, "_k3num_latest", None)
+        tw.line(f"drift CSV: {written[0]} ({written[1]} records)" + (f"; latest: {latest}" if latest else ""))
+        home = Path(latest).parent if latest else Path(written[0]).parent
+        tw.line(f"next: k3num report --history {home / 'history'} --out {home / 'report'} {written[0]}")
+
+
+def _asks_skips(config: pytest.Config) -> bool:
+    """Whether -r asks pytest to list skips itself (s, a or A)."""
+    return any(c in (config.getoption("reportchars", "") or "") for c in "saA")

@@ -201,13 +201,19 @@ def test_gate_on_real_runs_is_quiet_for_one_source_and_fires_on_a_drift_within_b
     assert same.returncode == 0
     assert cli.main(["report", "--history", str(h), "--gate", str(tmp_path / "same.csv")]) == 0
     # tests.mutants' drift: two extra bf16 roundings in the norm, within budget (every example passes)
-    drift = _suite(tmp_path / "drift.csv", seed=5, drift="unsharded_norm_rounded")
+    drift = _suite(tmp_path / "drift.csv", 5, "unsharded_norm_rounded", "mirror", "--hypothesis-show-statistics")
     assert drift.returncode == 0, drift.stdout[-2000:]
-    assert (hist.read_run_csv(tmp_path / "drift.csv")["verdict"] == "pass").all()
+    records = hist.read_run_csv(tmp_path / "drift.csv")
+    assert (records["verdict"] == "pass").all()
     assert cli.main(["report", "--history", str(h), "--gate", str(tmp_path / "drift.csv")]) == 1
     last = hist.load_history(h).runs[-1]
     assert last["meta"]["profile"] == "gate-proof"
-    assert last["meta"]["examples"] == {f"{PROPERTY}[mirror]": 300}
+    # the metadata counts the examples hypothesis ran, one record each here. Hypothesis decides when to
+    # stop (CI once saw this run stop at 195 of 300, on a machine where it ran 300 here): its statistics
+    # say why, so a failure prints them
+    stats = drift.stdout[drift.stdout.find("Hypothesis Statistics"):][:1500]
+    assert last["meta"]["examples"] == {f"{PROPERTY}[mirror]": len(records)}, stats
+    assert len(records) >= 150, f"too few examples for the gate's proof:\n{stats}"
 
 
 def test_gate_on_real_engine_runs_fires_on_a_drifting_tokenspeed_tree(tmp_path):

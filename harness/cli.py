@@ -10,6 +10,8 @@
                               hash-checked manifest, for `pytest --golden DIR`
     k3num report              append a run's drift CSV(s) to the history, write report.md/.html with
                               plots, and (--gate) fail on a ratio drift beyond the history's noise
+    k3num check               the pre-merge check: a head tree against the pinned release on the same
+                              drawn cases (new / fixed / known failures, paired drift; harness/check.py)
     k3num bisect              the first bad engine commit, by `k3num replay` or selected properties on
                               git worktrees
 """
@@ -323,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--device-name", default=None, help="override the run's device name")
     rep.add_argument("--harness-commit", default=None, help="override the run's harness commit")
     rep.set_defaults(func=cmd_report)
+    from k3num.harness import check
+
+    check.add_parser(sub)
     bi = sub.add_parser("bisect", help="the first bad engine commit between --good and --bad: each revision checked "
                                        "out with git worktree and judged by k3num replay or selected properties")
     bi.add_argument("--engine", required=True, help="the engine the repository holds (vllm, sglang, tokenspeed)")

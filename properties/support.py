@@ -13,7 +13,7 @@ from hypothesis.control import currently_in_test_context
 
 from k3num.engines.base import Engine, Subject, SubjectMissing
 from k3num.fixtures import device
-from k3num.harness import isolation
+from k3num.harness import isolation, pairing_run
 from k3num.harness.judges import LOW, round_storage, up  # noqa: F401  (the properties' names for them)
 from k3num.oracles.drift import COLLECTOR
 from k3num.oracles.metrics import describe_mismatch
@@ -79,16 +79,18 @@ def _bundle(record: Record, tag: str) -> None:
 
 def report(record: Record, *, climb: bool = True) -> Record:
     """Collect the record for the drift CSV, steer hypothesis toward the worst ratio, assert the verdict."""
-    if REPRO_DIR and "actual" in record.extra:
+    head = pairing_run.SIDE["side"] == "head"  # k3num check: the base's pass neither bundles nor steers
+    if REPRO_DIR and "actual" in record.extra and head:
         if record.verdict == FAIL:
             _bundle(record, str(record.seed))
         key = (record.property, record.engine)
         if REPRO_ALL and math.isfinite(record.ratio) and record.ratio > _WORST.get(key, -1.0):
             _WORST[key] = record.ratio
             _bundle(record, "worst")
+    if "actual" in record.extra:
         record = dataclasses.replace(record, extra={})
     COLLECTOR.add(record)
-    if climb and math.isfinite(record.ratio) and currently_in_test_context():
+    if climb and head and math.isfinite(record.ratio) and currently_in_test_context():
         part = record.detail.split(";")[0]
         target(record.ratio, label=f"{record.property}:{record.subject}:{part}")
     assert record.verdict != FAIL, failure_message(record)

@@ -558,3 +558,4 @@ def pytest_configure(config) -> None:
             raise pytest.UsageError(f"{DRIFT_ENV}={drift!r}: known drifts are {sorted(DRIFT)}")
         registry.known()  # the built-in factories first, so that this one replaces the mirror's
         registry.register("mirror", lambda: build_drift(drift))
+        registry.register("mirror-pristine", mirror.build)  # the base of a check of the drift (test_check.py)

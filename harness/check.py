@@ -1,0 +1,188 @@
+"""`k3num check`: a change judged against its baseline on the same cases (the pre-merge check).
+
+    k3num check --engine NAME --head PATH [--base pinned|PATH] [--hypothesis-profile P] [-k EXPR]
+                [--device DEV] [--out DIR]
+
+The property suite runs once, in source mode, with every example paired: the head (PATH read as
+`--engine-src`) and the base (the pinned release, or another tree) on the same drawn case
+(harness/pairing_run.py). oracles/pairing.py then judges each property test: new, fixed, known, the
+head's lost subjects ("contract changed: ..."), and the paired drift. Written to DIR (default
+out/check): check.md (for a pull-request comment: new first, then what the head cannot run, drift,
+fixed and known), check.csv (one row per property test and subject), examples.csv and records.csv
+(the raw pairs), drift.csv (the usual records of both sides) and repro/ (a bundle for every failing
+head comparison). Exit 0: nothing new, no drift beyond noise; 1: something new, a lost subject, or
+drift; 2: could not run (a bad --head, --base or --engine, a failed run, nothing ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from k3num.oracles import ledger, pairing
+from k3num.supply import fetch
+
+ENGINES = ("vllm", "vllm-rocm", "sglang", "tokenspeed")  # the registry names with a pinned source
+
+
+class CheckError(ValueError):
+    """Bad input: the run cannot start (exit 2)."""
+
+
+def _tree(flag: str, path: str, pin: str) -> Path:
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise CheckError(f"{flag} {path}: not a directory")
+    missing = [f for f in fetch.PINS[pin].files if not (root / f).is_file()]
+    if missing:
+        raise CheckError(f"{flag} {path}: lacks the bound file(s) {', '.join(missing)} (a tree laid out like the "
+                         "installed package, e.g. a checkout's root)")
+    return root.resolve()
+
+
+def validate(args: argparse.Namespace) -> tuple[str, Path, str]:
+    """(pin, head tree, base spec for --check-base); CheckError says what is wrong."""
+    if args.engine not in ENGINES:
+        raise CheckError(f"--engine {args.engine}: not an engine with a pinned source; valid: {', '.join(ENGINES)}")
+    pin = args.engine.split("-")[0]
+    head = _tree("--head", args.head, pin)
+    if args.base == "pinned":
+        if not fetch.verified_manifest(pin):
+            raise CheckError(f"--base pinned: {pin} is not fetched (run `k3num fetch {pin}`)")
+        return pin, head, "pinned"
+    return pin, head, str(_tree("--base", args.base, pin))
+
+
+def pytest_command(args: argparse.Namespace, pin: str, head: Path, base: str, out: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "k3num.properties", "--engine", args.engine,
+           "--engine-src", f"{pin}={head}", "--engine-mode", "source", "--check-base", base,
+           "--check-out", str(out), "--repro-dir", str(out / "repro"), "--drift-csv", str(out / "drift.csv"),
+           f"--hypothesis-profile={args.hypothesis_profile}", "-p", "no:cacheprovider", "-q", "-rN"]
+    if args.k:
+        cmd += ["-k", args.k]
+    if args.device:
+        cmd += ["--device", args.device]
+    return cmd
+
+
+def _rows(found: pd.DataFrame, drift: pd.DataFrame, engine: str) -> pd.DataFrame:
+    """check.csv: one row per property test (node) and subject, the outcome counts on the node's rows."""
+    merged = found.merge(drift, on="node", how="outer")
+    merged["engine"] = engine
+    for c in ("examples", "new", "fixed", "known", "head_skipped", "pairs", "worse", "better", "tied"):
+        merged[c] = merged[c].fillna(0).astype(int)
+    merged["drift"] = merged["drift"].fillna("")
+    merged["status"] = merged["status"].fillna("same")
+    return merged.fillna("")
+
+
+def _entry(entry_id: str) -> str:
+    d = next((d for d in ledger.LEDGER if d.id == entry_id), None)
+    return f"{entry_id} ({d.upstream})" if d else entry_id
+
+
+def markdown(found: pd.DataFrame, drift: pd.DataFrame, args: argparse.Namespace, bundles: list[str]) -> str:
+    """check.md: new first, then what the head cannot run, drift, fixed and known."""
+    short = lambda node: node.split("::", 1)[-1]  # noqa: E731
+    new = found[found["new"] > 0]
+    lost = found[found["status"] == "head cannot run"]
+    worse = drift[drift["drift"] == "worse"]
+    fixed = found[(found["fixed"] > 0) & (found["new"] == 0)]
+    known = found[found["known"] > 0]
+    verdict = "FAIL" if len(new) or len(lost) or len(worse) else "PASS"
+    lines = [f"# k3num check: {verdict}", "",
+             f"`{args.engine}`: head `{args.head}` against base `{args.base}`, profile `{args.hypothesis_profile}`"
+             + (f", `-k {args.k}`" if args.k else "") + f"; {int(found['examples'].sum())} paired examples in "
+             f"{len(found)} property tests.", ""]
+    lines += ["## New failures (fail on the head, pass on the base)", ""]
+    if len(new):
+        lines += ["| property test | new | of | first failure |", "| --- | --- | --- | --- |"]
+        lines += [f"| `{short(r.node)}` | {r.new} | {r.examples} | {r.first_new.replace('|', '/')} |"
+                  for r in new.itertuples()]
+        if bundles:
+            lines += ["", f"Repro bundles (`k3num replay FILE --engine-src ...`): {', '.join(sorted(bundles))}"]
+    else:
+        lines += ["None."]
+    lines += ["", "## What the head cannot run (the base can)", ""]
+    lines += [f"- `{short(r.node)}`: {r.head_skip_why}" for r in lost.itertuples()] or ["None."]
+    lines += ["", f"## Paired drift (sign test, one-sided, alpha {pairing.ALPHA:g}; oracles/pairing.py)", ""]
+    if len(worse):
+        lines += ["| property test | property | subject | worse | better | tied | median head/base | p |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| `{short(r.node)}` | {r.property} | {r.subject} | {r.worse} | {r.better} | {r.tied} | "
+                  f"{r.median_ratio:.3g} | {r.p_worse:.2g} |" for r in worse.itertuples()]
+    else:
+        lines += [f"None beyond noise ({int(drift['pairs'].sum())} paired comparisons, "
+                  f"{int((drift['drift'] == 'better').sum())} groups better)."]
+    lines += ["", "## Fixed (fail on the base, pass on the head)", ""]
+    lines += [f"- `{short(r.node)}`: {r.fixed} of {r.examples} examples"
+              + (f"; fixes ledger entry {_entry(r.ledger)}: remove it" if r.ledger else "")
+              for r in fixed.itertuples()] or ["None."]
+    lines += ["", "## Known (fail on both)", ""]
+    lines += [f"- `{short(r.node)}`: {r.known} of {r.examples} examples"
+              + (f"; ledger {_entry(r.ledger)}" if r.ledger else "; no ledger entry")
+              for r in known.itertuples()] or ["None."]
+    return "\n".join(lines) + "\n"
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:
+        pin, head, base = validate(args)
+    except CheckError as e:
+        print(f"[check] ERROR: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out).expanduser().resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("examples.csv", "records.csv", "check.md", "check.csv"):
+        (out / stale).unlink(missing_ok=True)
+    cmd = pytest_command(args, pin, head, base, out)
+    print(f"[check] {args.engine}: head {head} against base {base}; running the paired properties", file=sys.stderr)
+    env = {**os.environ, "K3NUM_ENGINE_MODE": "source"}
+    run = subprocess.run(cmd, env=env)
+    if run.returncode == 5:
+        print(f"[check] ERROR: no property test selected{f' by -k {args.k}' if args.k else ''}: nothing was checked",
+              file=sys.stderr)
+        return 2
+    if run.returncode != 0 or not (out / "examples.csv").is_file():
+        print(f"[check] ERROR: the paired run failed (pytest exit {run.returncode}); its log is above",
+              file=sys.stderr)
+        return 2
+    examples = pd.read_csv(out / "examples.csv", keep_default_na=False)
+    records = pd.read_csv(out / "records.csv", keep_default_na=False)
+    if examples.empty:
+        print("[check] ERROR: no example ran on both sides (every selected test skipped?): nothing was checked",
+              file=sys.stderr)
+        return 2
+    for c in ("max_abs", "budget", "ratio"):
+        records[c] = pd.to_numeric(records[c], errors="coerce")
+    found, drift = pairing.outcomes(examples), pairing.paired_drift(records)
+    bundles = [p.name for p in (out / "repro").glob("*.safetensors")] if (out / "repro").is_dir() else []
+    _rows(found, drift, args.engine).to_csv(out / "check.csv", index=False)
+    (out / "check.md").write_text(markdown(found, drift, args, bundles))
+    rc = pairing.exit_code(found, drift)
+    print(f"[check] {'FAIL' if rc else 'PASS'}: {int(found['new'].gt(0).sum())} test(s) with new failures, "
+          f"{int((found['status'] == 'head cannot run').sum())} the head cannot run, "
+          f"{int((drift['drift'] == 'worse').sum())} drifting, {int(found['fixed'].gt(0).sum())} fixed, "
+          f"{int(found['known'].gt(0).sum())} known; {out / 'check.md'}", file=sys.stderr)
+    return rc
+
+
+def add_parser(sub) -> None:
+    c = sub.add_parser("check", help="the pre-merge check: a head tree against the pinned release (or a base tree) "
+                                     "on the same drawn cases: new / fixed / known failures and paired drift; exit 0 "
+                                     "nothing new, 1 new or drift, 2 could not run")
+    c.add_argument("--engine", required=True, help=f"one of {', '.join(ENGINES)}")
+    c.add_argument("--head", required=True, metavar="PATH",
+                   help="the change: a tree laid out like the installed package (a checkout's root)")
+    c.add_argument("--base", default="pinned", metavar="pinned|PATH",
+                   help="the baseline: the pinned release (default) or another tree")
+    c.add_argument("--hypothesis-profile", default="ci", help="hypothesis profile (default ci: derandomized)")
+    c.add_argument("-k", default=None, help="a pytest -k expression selecting properties")
+    c.add_argument("--device", default=None, help="device of the small-shape properties")
+    c.add_argument("--out", default="out/check", help="output directory (default out/check)")
+    c.set_defaults(func=cmd_check)

@@ -1,0 +1,112 @@
+"""The pre-merge check's judgement (`k3num check`): the same drawn cases through the base and the head.
+
+Two tables come in, both written by harness/pairing_run.py:
+- examples: one row per hypothesis example of a property test (node), with each side's outcome
+  (`pass`, `fail` or `skip`) and why, and the ledger entry filed for that test on the pinned release;
+- records: the oracle comparisons each side made in that example, in call order (`index`).
+
+Two judgements come out:
+- `outcomes`: per node, the examples that are new (fail on the head, pass on the base), fixed (the
+  reverse), known (fail on both), and the head's skips where the base ran (a subject the head lost:
+  "contract changed: <file>: <what>" is such a reason);
+- `paired_drift`: per (node, property, subject), the errors of identical cases side by side, judged
+  by a one-sided sign test (below). It flags a head that stays within budget but is worse.
+
+The sign test and its threshold. A pair is the k-th comparison of one example on both sides: the same
+inputs, the same reference, the same budget. `worse` counts pairs whose head error (max_abs) exceeds
+the base's, `better` the reverse; ties are dropped. With no change:
+- a deterministic subject gives bitwise-equal outputs on equal inputs, so every pair ties, n = 0 and
+  the test cannot fire (base against base: zero alarms, whatever ALPHA is);
+- a nondeterministic one (a race, GPU only: K3N-004/005/007) gives exchangeable errors, so P(worse) =
+  1/2 per untied pair and the one-sided p-value P(Binom(n, 1/2) >= worse) is at most ALPHA by
+  construction.
+The suite has about 160 (property, subject) groups per engine; ALPHA = 1e-4 keeps the chance of any
+false alarm in one check under 1.6% (Bonferroni). The smallest group that can fire has 14 untied pairs,
+all worse (2^-14 = 6.1e-5); under the `ci` profile's 40 examples, 32 worse of 40 untied pairs fire
+(p = 9.1e-5) and 31 of 40 do not (p = 3.4e-4). Exact contracts (budget 0) are judged by pass/fail only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+ALPHA = 1e-4
+
+EXAMPLE_COLUMNS = ("node", "example", "head", "base", "head_why", "base_why", "ledger")
+RECORD_COLUMNS = ("node", "example", "side", "index", "property", "subject", "detail", "verdict", "max_abs",
+                  "budget", "ratio", "seed", "shape")
+PASS, FAIL, SKIP = "pass", "fail", "skip"
+
+
+def sign_test_p(worse: int, better: int) -> float:
+    """One-sided p-value of `worse` or more successes in worse + better fair coin flips (1.0 for none)."""
+    if worse < 0 or better < 0:
+        raise ValueError(f"counts must be >= 0, got worse={worse}, better={better}")
+    n = worse + better
+    if n == 0:
+        return 1.0
+    return min(1.0, sum(math.comb(n, k) for k in range(worse, n + 1)) / 2.0**n)
+
+
+def _require(frame: pd.DataFrame, columns: tuple[str, ...], what: str) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{what}: missing columns {missing}")
+
+
+def outcomes(examples: pd.DataFrame) -> pd.DataFrame:
+    """Per node: examples paired, new / fixed / known / head_skipped counts, the first new failure's
+    message, the head's skip reason where the base ran, and the status (the most serious finding)."""
+    _require(examples, EXAMPLE_COLUMNS, "examples")
+    rows = []
+    for node, g in examples.groupby("node", sort=True):
+        ran = g[(g["head"] != SKIP) & (g["base"] != SKIP)]
+        new = ran[(ran["head"] == FAIL) & (ran["base"] == PASS)]
+        fixed = ran[(ran["head"] == PASS) & (ran["base"] == FAIL)]
+        known = ran[(ran["head"] == FAIL) & (ran["base"] == FAIL)]
+        lost = g[(g["head"] == SKIP) & (g["base"] != SKIP)]
+        status = ("new" if len(new) else "head cannot run" if len(lost) else "fixed" if len(fixed)
+                  else "known" if len(known) else "same")
+        rows.append({
+            "node": node, "examples": len(ran), "new": len(new), "fixed": len(fixed), "known": len(known),
+            "head_skipped": len(lost), "status": status, "ledger": next((x for x in g["ledger"] if x), ""),
+            "first_new": new["head_why"].iloc[0] if len(new) else "",
+            "head_skip_why": lost["head_why"].iloc[0] if len(lost) else "",
+        })
+    return pd.DataFrame(rows, columns=["node", "examples", "new", "fixed", "known", "head_skipped", "status",
+                                       "ledger", "first_new", "head_skip_why"])
+
+
+def paired_drift(records: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
+    """Per (node, property, subject): pairs, worse / better / tied counts, the median head/base error
+    ratio over untied pairs with a nonzero base error, the sign test's p-values and the verdict
+    (`worse`, `better` or `same`)."""
+    _require(records, RECORD_COLUMNS, "records")
+    keys = ["node", "example", "index"]
+    both = records[records["side"] == "head"].merge(records[records["side"] == "base"], on=keys, how="inner",
+                                                     suffixes=("_head", "_base"))
+    same_call = ((both["property_head"] == both["property_base"]) & (both["subject_head"] == both["subject_base"])
+                 & (both["detail_head"] == both["detail_base"]))
+    both = both[same_call & (both["budget_head"] > 0) & both["max_abs_head"].map(math.isfinite)
+                & both["max_abs_base"].map(math.isfinite)]
+    rows = []
+    for (node, prop, subj), g in both.groupby(["node", "property_head", "subject_head"], sort=True):
+        eh, eb = g["max_abs_head"], g["max_abs_base"]
+        worse, better = int((eh > eb).sum()), int((eh < eb).sum())
+        untied = g[(eh != eb) & (eb > 0)]
+        median = float((untied["max_abs_head"] / untied["max_abs_base"]).median()) if len(untied) else 1.0
+        p_worse, p_better = sign_test_p(worse, better), sign_test_p(better, worse)
+        verdict = "worse" if p_worse < alpha else "better" if p_better < alpha else "same"
+        rows.append({"node": node, "property": prop, "subject": subj, "pairs": len(g), "worse": worse,
+                     "better": better, "tied": len(g) - worse - better, "median_ratio": median,
+                     "p_worse": p_worse, "p_better": p_better, "drift": verdict})
+    return pd.DataFrame(rows, columns=["node", "property", "subject", "pairs", "worse", "better", "tied",
+                                       "median_ratio", "p_worse", "p_better", "drift"])
+
+
+def exit_code(found: pd.DataFrame, drift: pd.DataFrame) -> int:
+    """0: nothing new, nothing the head lost, no drift beyond noise; 1: any of them."""
+    bad = found["status"].isin(["new", "head cannot run"]).any() or (drift["drift"] == "worse").any()
+    return 1 if bad else 0

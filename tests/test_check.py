@@ -1,0 +1,208 @@
+"""`k3num check` (harness/check.py, harness/pairing_run.py, oracles/pairing.py): a head judged against
+its base on the same drawn cases. Proven on the mirror against its mutants and drift, and on the real
+engines' trees: a within-budget drift of TokenSpeed, a fix of SGLang's K3N-008, a planted vLLM
+mixture bug, a tree that changed a bound contract, and the pinned bytes against themselves."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from k3num.engines.vllm_adapter import DSPARK_PY
+from k3num.harness import cli, fixes
+from k3num.oracles import pairing
+from k3num.supply import fetch
+
+ROOT = Path(__file__).resolve().parents[1]
+UNSHARDED = "properties/test_partial_projection.py::test_unsharded_projection_within_rounding_budget_of_oracle"
+
+
+# ---- the judgement ------------------------------------------------------------------------------
+
+
+def test_sign_test_is_the_binomial_tail():
+    assert pairing.sign_test_p(0, 0) == 1.0
+    assert pairing.sign_test_p(14, 0) == 2.0**-14
+    assert pairing.sign_test_p(0, 5) == 1.0
+    assert pairing.sign_test_p(1, 1) == 0.75  # P(X >= 1 | n = 2)
+    assert pairing.sign_test_p(32, 8) < pairing.ALPHA < pairing.sign_test_p(31, 9)  # the docstring's ci figures
+    with pytest.raises(ValueError, match="counts must be >= 0"):
+        pairing.sign_test_p(-1, 3)
+
+
+def _examples(rows):
+    return pd.DataFrame([dict(zip(pairing.EXAMPLE_COLUMNS, r)) for r in rows])
+
+
+def test_outcomes_tell_new_fixed_known_and_what_the_head_lost():
+    found = pairing.outcomes(_examples([
+        ("t[a]", 1, "fail", "pass", "AssertionError: worse", "", ""), ("t[a]", 2, "fail", "fail", "x", "x", ""),
+        ("u[a]", 1, "pass", "fail", "", "x", "K3N-008"), ("v[a]", 1, "fail", "fail", "x", "x", "K3N-006"),
+        ("w[a]", 1, "skip", "pass", "contract changed: f.py: g takes (a), the adapter binds (a, b)", "", ""),
+        ("z[a]", 1, "pass", "pass", "", "", ""),
+    ])).set_index("node")
+    assert found.loc["t[a]", ["new", "known", "status", "first_new"]].tolist() == [1, 1, "new", "AssertionError: worse"]
+    assert found.loc["u[a]", ["fixed", "status", "ledger"]].tolist() == [1, "fixed", "K3N-008"]
+    assert found.loc["v[a]", "status"] == "known"
+    assert found.loc["w[a]", "status"] == "head cannot run" and found.loc["w[a]", "examples"] == 0
+    assert found.loc["z[a]", "status"] == "same"
+
+
+def _records(pairs, budget=1.0):
+    rows = []
+    for i, (eh, eb) in enumerate(pairs):
+        for side, e in (("head", eh), ("base", eb)):
+            rows.append({"node": "n", "example": i, "side": side, "index": 0, "property": "p", "subject": "s",
+                         "detail": "", "verdict": "pass", "max_abs": e, "budget": budget,
+                         "ratio": e / budget if budget else float("inf"), "seed": i, "shape": "4"})
+    return pd.DataFrame(rows)
+
+
+def test_paired_drift_is_quiet_on_ties_and_on_noise_and_fires_on_a_consistent_worsening():
+    assert pairing.paired_drift(_records([(0.1, 0.1)] * 40))["drift"].tolist() == ["same"]
+    alternating = [(0.2, 0.1) if i % 2 else (0.1, 0.2) for i in range(40)]
+    assert pairing.paired_drift(_records(alternating))["drift"].tolist() == ["same"]
+    worse = pairing.paired_drift(_records([(0.12, 0.1)] * 32 + [(0.1, 0.12)] * 8))
+    assert worse["drift"].tolist() == ["worse"] and worse["median_ratio"].iloc[0] == pytest.approx(1.2)
+    better = pairing.paired_drift(_records([(0.1, 0.12)] * 20))
+    assert better["drift"].tolist() == ["better"]
+    # exact contracts (budget 0) are judged by pass/fail only
+    assert pairing.paired_drift(_records([(1.0, 0.0)] * 20, budget=0.0)).empty
+
+
+# ---- the pairing on the mirror ------------------------------------------------------------------
+
+
+def _paired(tmp_path: Path, engine: str, base: str, *select: str, drift: str = "") -> pd.DataFrame:
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "pytest", *select, "-p", "tests.mutants", "--engine", engine,
+                        "--check-base", base, "--check-out", str(out), "-p", "no:cacheprovider", "-q",
+                        "--hypothesis-profile=ci"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "K3NUM_DRIFT": drift})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    examples = pd.read_csv(out / "examples.csv", keep_default_na=False)
+    records = pd.read_csv(out / "records.csv", keep_default_na=False)
+    return pairing.outcomes(examples), pairing.paired_drift(records), records
+
+
+def test_the_mirror_against_itself_pairs_every_example_and_finds_nothing(tmp_path):
+    found, drift, records = _paired(tmp_path, "mirror", "engine:mirror", "properties/test_partial_projection.py")
+    assert len(found) == 9 and (found["status"] == "same").all() and (found["examples"] >= 40).all()
+    assert (drift["drift"] == "same").all() and (drift["worse"] + drift["better"] == 0).all()  # every pair ties
+    head, base = records[records["side"] == "head"], records[records["side"] == "base"]
+    assert len(head) == len(base) > 0 and head["seed"].tolist() == base["seed"].tolist()  # the same cases
+
+
+def test_a_within_budget_drift_is_flagged_by_the_pairing_and_passes_plainly(tmp_path):
+    found, drift, _ = _paired(tmp_path, "mirror", "engine:mirror-pristine", UNSHARDED, drift="unsharded_norm_rounded")
+    assert found["status"].tolist() == ["same"]  # every example passes on both sides
+    assert drift["drift"].tolist() == ["worse"], drift.to_string()
+
+
+def test_a_mutant_head_fails_as_new_where_its_base_passes(tmp_path):
+    found, _, _ = _paired(tmp_path, "mutant-unsharded_taps_concatenated_token_major", "engine:mirror", UNSHARDED)
+    assert found["status"].tolist() == ["new"] and found["new"].iloc[0] > 0 and found["fixed"].iloc[0] == 0
+
+
+def test_drawn_values_inside_a_body_are_replayed_on_the_base(tmp_path):
+    """test_determinism's repeat property draws its case with st.data(): both sides must see it."""
+    found, _, records = _paired(
+        tmp_path, "mirror", "engine:mirror",
+        "properties/test_determinism.py::test_repeated_calls_on_identical_inputs_are_bitwise_identical")
+    assert (found["status"] == "same").all() and (found["examples"] > 0).all()
+    head, base = records[records["side"] == "head"], records[records["side"] == "base"]
+    assert head[["seed", "shape"]].values.tolist() == base[["seed", "shape"]].values.tolist()
+
+
+# ---- k3num check on the real engines ------------------------------------------------------------
+
+
+def _check(tmp_path: Path, *args: str) -> tuple[int, str, Path]:
+    out = tmp_path / "check"
+    r = subprocess.run([sys.executable, "-m", "k3num.harness.cli", "check", *args, "--out", str(out)],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    md = (out / "check.md").read_text() if (out / "check.md").is_file() else ""
+    return r.returncode, r.stderr + md, out
+
+
+def _need(engine: str) -> None:
+    if not fetch.verified_manifest(engine):
+        pytest.skip(f"{engine} is not fetched (k3num fetch {engine})")
+
+
+def _pinned_copy(engine: str, dest: Path) -> Path:
+    for rel in fetch.PINS[engine].files:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(fetch.source_dir(engine) / rel, dest / rel)
+    return dest
+
+
+def test_check_of_the_pinned_bytes_reports_nothing_new_and_no_drift_and_names_the_known(tmp_path):
+    _need("tokenspeed")
+    head = _pinned_copy("tokenspeed", tmp_path / "t")
+    rc, text, out = _check(tmp_path, "--engine", "tokenspeed", "--head", str(head))
+    assert rc == 0, text
+    assert "# k3num check: PASS" in text and "ledger K3N-006" in text
+    table = pd.read_csv(out / "check.csv", keep_default_na=False)
+    assert (table["new"] == 0).all() and not (table["drift"] == "worse").any()
+
+
+def test_check_flags_tokenspeeds_within_budget_drift(tmp_path):
+    _need("tokenspeed")
+    head = fixes.patched_tree(fixes.by_id("split-context-projection"), tmp_path / "t")
+    rc, text, _ = _check(tmp_path, "--engine", "tokenspeed", "--head", str(head), "-k", "unsharded")
+    assert rc == 1, text
+    assert "| `test_unsharded_projection_within_rounding_budget_of_oracle[tokenspeed]` | unsharded_within" in text
+
+
+def test_check_reports_sglangs_fix_with_the_ledger_entry_to_remove(tmp_path):
+    _need("sglang")
+    head = fixes.patched_tree(fixes.by_id("K3N-008"), tmp_path / "s")
+    rc, text, _ = _check(tmp_path, "--engine", "sglang", "--head", str(head), "-k", "off_grid")
+    assert rc == 0, text
+    assert "fixes ledger entry K3N-008" in text and "remove it" in text
+
+
+def test_check_reports_a_planted_vllm_bug_as_new_with_repro_bundles(tmp_path):
+    _need("vllm")
+    head = fixes.patched_tree(fixes.by_id("mixture-scaled"), tmp_path / "v")
+    rc, text, out = _check(tmp_path, "--engine", "vllm", "--head", str(head), "-k",
+                           "test_attn_res_within_rounding_budget_of_oracle")
+    assert rc == 1, text
+    new = text.split("## New failures")[1].split("##")[0]
+    assert "test_attn_res_within_rounding_budget_of_oracle[vllm]" in new
+    assert list((out / "repro").glob("attn_res_within_rounding_budget-vllm-*.safetensors"))
+
+
+def test_check_shows_a_changed_contract_as_what_the_head_cannot_run(tmp_path):
+    _need("vllm")
+    head = _pinned_copy("vllm", tmp_path / "v")
+    text = (head / DSPARK_PY).read_text()
+    (head / DSPARK_PY).write_text(text.replace("def _precompute_fused_context_kv(", "def _precompute_context_kv("))
+    rc, out_text, _ = _check(tmp_path, "--engine", "vllm", "--head", str(head), "-k", "test_fused_context_kv_within")
+    assert rc == 1, out_text
+    lost = out_text.split("## What the head cannot run")[1].split("##")[0]
+    assert f"contract changed: {DSPARK_PY}" in lost
+
+
+def test_check_refuses_bad_input_before_running(tmp_path, capsys):
+    assert cli.main(["check", "--engine", "nope", "--head", str(tmp_path)]) == 2
+    assert "valid: vllm, vllm-rocm, sglang, tokenspeed" in capsys.readouterr().err
+    assert cli.main(["check", "--engine", "vllm", "--head", str(tmp_path / "missing")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["check", "--engine", "vllm", "--head", str(tmp_path / "empty")]) == 2
+    assert f"lacks the bound file(s) {fetch.PINS['vllm'].files[0]}" in capsys.readouterr().err
+
+
+def test_check_says_when_its_selection_checked_nothing(tmp_path):
+    _need("tokenspeed")
+    head = _pinned_copy("tokenspeed", tmp_path / "t")
+    rc, text, _ = _check(tmp_path, "--engine", "tokenspeed", "--head", str(head), "-k", "no_such_property")
+    assert rc == 2 and "no property test selected by -k no_such_property" in text

@@ -74,7 +74,7 @@ def _rows(found: pd.DataFrame, drift: pd.DataFrame, engine: str) -> pd.DataFrame
     """check.csv: one row per property test (node) and subject, the outcome counts on the node's rows."""
     merged = found.merge(drift, on="node", how="outer")
     merged["engine"] = engine
-    for c in ("examples", "new", "fixed", "known", "head_skipped", "pairs", "worse", "better", "tied"):
+    for c in ("examples", "new", "fixed", "known", "flaky", "head_skipped", "pairs", "worse", "better", "tied"):
         merged[c] = merged[c].fillna(0).astype(int)
     merged["drift"] = merged["drift"].fillna("")
     merged["status"] = merged["status"].fillna("same")
@@ -94,7 +94,7 @@ def markdown(found: pd.DataFrame, drift: pd.DataFrame, args: argparse.Namespace,
     worse = drift[drift["drift"] == "worse"]
     fixed = found[(found["fixed"] > 0) & (found["new"] == 0)]
     known = found[found["known"] > 0]
-    verdict = "FAIL" if len(new) or len(lost) or len(worse) else "PASS"
+    verdict = "FAIL" if pairing.exit_code(found, drift) else "PASS"
     lines = [f"# k3num check: {verdict}", "",
              f"`{args.engine}`: head `{args.head}` against base `{args.base}`, profile `{args.hypothesis_profile}`"
              + (f", `-k {args.k}`" if args.k else "") + f"; {int(found['examples'].sum())} paired examples in "
@@ -110,6 +110,12 @@ def markdown(found: pd.DataFrame, drift: pd.DataFrame, args: argparse.Namespace,
         lines += ["None."]
     lines += ["", "## What the head cannot run (the base can)", ""]
     lines += [f"- `{short(r.node)}`: {r.head_skip_why}" for r in lost.itertuples()] or ["None."]
+    flaky = found[found["flaky"] > 0]
+    if len(flaky):
+        lines += ["", "## Flaky on the head (failed where the base passed four times, then passed on a rerun)", ""]
+        lines += [f"- `{short(r.node)}`: {r.flaky} of {r.examples} examples"
+                  + (f"; a known race: ledger {_entry(r.ledger)}" if r.ledger else "; no ledger entry: a new race?")
+                  for r in flaky.itertuples()]
     lines += ["", f"## Paired drift (sign test, one-sided, alpha {pairing.ALPHA:g}; oracles/pairing.py)", ""]
     if len(worse):
         lines += ["| property test | property | subject | worse | better | tied | median head/base | p |",
@@ -167,7 +173,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     rc = pairing.exit_code(found, drift)
     print(f"[check] {'FAIL' if rc else 'PASS'}: {int(found['new'].gt(0).sum())} test(s) with new failures, "
           f"{int((found['status'] == 'head cannot run').sum())} the head cannot run, "
-          f"{int((drift['drift'] == 'worse').sum())} drifting, {int(found['fixed'].gt(0).sum())} fixed, "
+          f"{int(found['flaky'].gt(0).sum())} flaky, {int((drift['drift'] == 'worse').sum())} drifting, "
+          f"{int(found['fixed'].gt(0).sum())} fixed, "
           f"{int(found['known'].gt(0).sum())} known; {out / 'check.md'}", file=sys.stderr)
     return rc
 

@@ -2,13 +2,16 @@
 
 Two tables come in, both written by harness/pairing_run.py:
 - examples: one row per hypothesis example of a property test (node), with each side's outcome
-  (`pass`, `fail` or `skip`) and why, and the ledger entry filed for that test on the pinned release;
+  (`pass`, `fail` or `skip`, and for the head `flaky`: it failed where the base passed four times, and
+  passed on a rerun of the same case) and why, and the ledger entry filed for the test on the pinned
+  release;
 - records: the oracle comparisons each side made in that example, in call order (`index`).
 
 Two judgements come out:
 - `outcomes`: per node, the examples that are new (fail on the head, pass on the base), fixed (the
-  reverse), known (fail on both), and the head's skips where the base ran (a subject the head lost:
-  "contract changed: <file>: <what>" is such a reason);
+  reverse), known (fail on both), flaky (the head's failure did not repeat on the same case), and the
+  head's skips where the base ran (a subject the head lost: "contract changed: <file>: <what>" is such
+  a reason);
 - `paired_drift`: per (node, property, subject), the errors of identical cases side by side, judged
   by a one-sided sign test (below). It flags a head that stays within budget but is worse.
 
@@ -37,7 +40,7 @@ ALPHA = 1e-4
 EXAMPLE_COLUMNS = ("node", "example", "head", "base", "head_why", "base_why", "ledger")
 RECORD_COLUMNS = ("node", "example", "side", "index", "property", "subject", "detail", "verdict", "max_abs",
                   "budget", "ratio", "seed", "shape")
-PASS, FAIL, SKIP = "pass", "fail", "skip"
+PASS, FAIL, SKIP, FLAKY = "pass", "fail", "skip", "flaky"
 
 
 def sign_test_p(worse: int, better: int) -> float:
@@ -66,17 +69,19 @@ def outcomes(examples: pd.DataFrame) -> pd.DataFrame:
         new = ran[(ran["head"] == FAIL) & (ran["base"] == PASS)]
         fixed = ran[(ran["head"] == PASS) & (ran["base"] == FAIL)]
         known = ran[(ran["head"] == FAIL) & (ran["base"] == FAIL)]
+        flaky = ran[ran["head"] == FLAKY]
         lost = g[(g["head"] == SKIP) & (g["base"] != SKIP)]
-        status = ("new" if len(new) else "head cannot run" if len(lost) else "fixed" if len(fixed)
-                  else "known" if len(known) else "same")
+        status = ("new" if len(new) else "head cannot run" if len(lost) else "flaky" if len(flaky)
+                  else "fixed" if len(fixed) else "known" if len(known) else "same")
         rows.append({
             "node": node, "examples": len(ran), "new": len(new), "fixed": len(fixed), "known": len(known),
-            "head_skipped": len(lost), "status": status, "ledger": next((x for x in g["ledger"] if x), ""),
+            "flaky": len(flaky), "head_skipped": len(lost), "status": status,
+            "ledger": next((x for x in g["ledger"] if x), ""),
             "first_new": new["head_why"].iloc[0] if len(new) else "",
             "head_skip_why": lost["head_why"].iloc[0] if len(lost) else "",
         })
-    return pd.DataFrame(rows, columns=["node", "examples", "new", "fixed", "known", "head_skipped", "status",
-                                       "ledger", "first_new", "head_skip_why"])
+    return pd.DataFrame(rows, columns=["node", "examples", "new", "fixed", "known", "flaky", "head_skipped",
+                                       "status", "ledger", "first_new", "head_skip_why"])
 
 
 def paired_drift(records: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
@@ -107,6 +112,9 @@ def paired_drift(records: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
 
 
 def exit_code(found: pd.DataFrame, drift: pd.DataFrame) -> int:
-    """0: nothing new, nothing the head lost, no drift beyond noise; 1: any of them."""
-    bad = found["status"].isin(["new", "head cannot run"]).any() or (drift["drift"] == "worse").any()
+    """0: nothing new, nothing the head lost, no flaky failure outside the ledger (a known race), no drift
+    beyond noise; 1: any of them."""
+    unexplained = (found["flaky"] > 0) & (found["ledger"] == "")
+    bad = (found["status"].isin(["new", "head cannot run"]).any() or unexplained.any()
+           or (drift["drift"] == "worse").any())
     return 1 if bad else 0

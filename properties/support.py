@@ -79,7 +79,7 @@ def _bundle(record: Record, tag: str) -> None:
 
 def report(record: Record, *, climb: bool = True) -> Record:
     """Collect the record for the drift CSV, steer hypothesis toward the worst ratio, assert the verdict."""
-    head = pairing_run.SIDE["side"] == "head"  # k3num check: the base's pass neither bundles nor steers
+    head = pairing_run.SIDE["side"] == "head"  # k3num check: the base's pass and reruns neither bundle nor steer
     if REPRO_DIR and "actual" in record.extra and head:
         if record.verdict == FAIL:
             _bundle(record, str(record.seed))

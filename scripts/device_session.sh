@@ -8,7 +8,10 @@
 #     K3NUM_ENGINE_CACHE=$PWD/engine-cache k3num fetch
 #   and carry engine-cache/ without its wheels/ folder (about 0.5 MB).
 # Usage: scripts/device_session.sh OUT [PARTS]
-#   PARTS: comma-separated, any of ops,bench,race,k3,small,hunt,sanitize,golden,k3det,scale,stores,isolation,csrc
+#   PARTS: comma-separated, any of ops,bench,race,k3,small,hunt,sanitize,golden,k3det,scale,stores,isolation,csrc,check
+#   `check` runs `k3num check` on cuda (Triton natively): the pinned vLLM bytes against themselves on the attn_res
+#   properties, where the write races K3N-004/005/007 live (nothing new may be reported), a planted mixture bug
+#   (harness/fixes.py mixture-scaled: new), and bench/check_speed.py (check against a plain run).
 #   `csrc` builds vLLM's ops from the pinned sdist and then from a checkout's csrc (the pinned files laid out as
 #   a checkout, cache_kernels.cu edited: `k3num build-ops --engine-src vllm=TREE`), timing both, and runs the
 #   context-KV properties on the checkout's ops.
@@ -53,8 +56,8 @@ out=${1:?usage: scripts/device_session.sh OUT [PARTS]}
 parts=",${2:-bench,race,k3,small},"
 want() { [[ "$parts" == *",$1,"* ]]; }
 for p in ${parts//,/ }; do
-    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc) ;;
-        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc)"
+    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check) ;;
+        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check)"
            exit 2;; esac
 done
 mkdir -p "$out"
@@ -74,7 +77,39 @@ small_engines=${K3NUM_SMALL_ENGINES:-vllm vllm-rocm sglang tokenspeed}
 for e in vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
-bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0
+bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0
+if want check; then
+    echo "== k3num check on cuda: the pinned bytes against themselves, then a planted bug"
+    python - "$out/check-trees" <<'PY'
+import shutil, sys
+from pathlib import Path
+from k3num.harness import fixes
+from k3num.supply import fetch
+root = Path(sys.argv[1])
+for rel in fetch.PINS["vllm"].files:
+    (root / "pinned" / rel).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(fetch.source_dir("vllm") / rel, root / "pinned" / rel)
+fixes.patched_tree(fixes.by_id("mixture-scaled"), root / "bug")
+PY
+    for e in vllm vllm-rocm; do
+        timeout -s INT "${K3NUM_CHECK_TIMEOUT:-200}" python -m k3num.harness.cli check --engine "$e" \
+            --head "$out/check-trees/pinned" -k attn_res --device cuda --out "$out/check-$e-pinned" \
+            > "$out/check-$e-pinned.log" 2>&1
+        echo "check $e pinned: exit $? (want 0)" | tee -a "$out/check.txt"
+        tail -n 2 "$out/check-$e-pinned.log" | tee -a "$out/check.txt"
+        cat "$out/check-$e-pinned/check.md" >> "$out/check.txt" 2>/dev/null
+    done
+    timeout -s INT "${K3NUM_CHECK_TIMEOUT:-200}" python -m k3num.harness.cli check --engine vllm \
+        --head "$out/check-trees/bug" -k attn_res_within --device cuda --out "$out/check-vllm-bug" \
+        > "$out/check-vllm-bug.log" 2>&1
+    rc=$?; echo "check vllm mixture-scaled: exit $rc (want 1)" | tee -a "$out/check.txt"
+    [ "$rc" -eq 1 ] || check=1
+    cat "$out/check-vllm-bug/check.md" >> "$out/check.txt" 2>/dev/null
+    grep -q "exit 0 (want 0)" "$out/check.txt" || check=1
+    [ "$(grep -c 'pinned: exit 0 (want 0)' "$out/check.txt")" -eq 2 ] || check=1
+    python bench/check_speed.py --engines vllm 2>/dev/null | tee -a "$out/check.txt"
+    rm -rf "$out/check-trees" "$out"/check-*/repro
+fi
 if want stores; then
     echo "== bf16 stores of the pinned Triton kernels on stored inputs"
     python -m k3num.harness.store_golden capture "$out/bf16_stores_h200.safetensors" 2>&1 | tail -n 5
@@ -227,5 +262,5 @@ if [ -n "$k3_pid" ]; then wait "$k3_pid"; k3=$?; cat "$out/k3.log"; fi
 if [ -n "$small_pid" ]; then wait "$small_pid"; small=$?; cat "$out/small.log"; fi
 dirs=(); for d in k3 small; do [ -d "$out/$d" ] && dirs+=("$d"); done
 [ ${#dirs[@]} -gt 0 ] && tar czf "$out/properties.tgz" -C "$out" "${dirs[@]}"
-echo "device_session: csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
-[ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]
+echo "device_session: check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
+[ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]

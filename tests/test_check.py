@@ -45,13 +45,21 @@ def test_outcomes_tell_new_fixed_known_and_what_the_head_lost():
         ("t[a]", 1, "fail", "pass", "AssertionError: worse", "", ""), ("t[a]", 2, "fail", "fail", "x", "x", ""),
         ("u[a]", 1, "pass", "fail", "", "x", "K3N-008"), ("v[a]", 1, "fail", "fail", "x", "x", "K3N-006"),
         ("w[a]", 1, "skip", "pass", "contract changed: f.py: g takes (a), the adapter binds (a, b)", "", ""),
-        ("z[a]", 1, "pass", "pass", "", "", ""),
+        ("z[a]", 1, "pass", "pass", "", "", ""), ("r[a]", 1, "flaky", "pass", "x", "", "K3N-004"),
+        ("q[a]", 1, "flaky", "pass", "x", "", ""),
     ])).set_index("node")
     assert found.loc["t[a]", ["new", "known", "status", "first_new"]].tolist() == [1, 1, "new", "AssertionError: worse"]
     assert found.loc["u[a]", ["fixed", "status", "ledger"]].tolist() == [1, "fixed", "K3N-008"]
     assert found.loc["v[a]", "status"] == "known"
     assert found.loc["w[a]", "status"] == "head cannot run" and found.loc["w[a]", "examples"] == 0
     assert found.loc["z[a]", "status"] == "same"
+    assert found.loc["r[a]", ["flaky", "status"]].tolist() == [1, "flaky"]
+    no_drift = pairing.paired_drift(pd.DataFrame(columns=list(pairing.RECORD_COLUMNS)))
+    # a flaky failure is a known race under a ledger entry, and a finding without one
+    assert pairing.exit_code(found.loc[["r[a]", "z[a]"]].reset_index(), no_drift) == 0
+    assert pairing.exit_code(found.loc[["q[a]"]].reset_index(), no_drift) == 1
+    assert pairing.exit_code(found.loc[["u[a]", "v[a]"]].reset_index(), no_drift) == 0  # fixed, known
+    assert pairing.exit_code(found.loc[["t[a]"]].reset_index(), no_drift) == 1
 
 
 def _records(pairs, budget=1.0):

@@ -63,7 +63,7 @@ def test_the_installed_package_claims_one_import_name_and_brings_its_plugin(venv
     assert "['k3num']" in r.stdout and "pytest11:k3num=k3num.harness.plugin" in r.stdout, r.stdout
     assert str(ROOT) not in r.stdout and "site-packages" in r.stdout, r.stdout  # not the checkout's files
     r = _run([str(venv / "bin" / "k3num"), "--help"], tmp_path)
-    assert r.returncode == 0 and "build-ops" in r.stdout and "replay" in r.stdout
+    assert r.returncode == 0 and "build-ops" in r.stdout and "replay" in r.stdout and "check" in r.stdout
 
 
 def test_the_property_suite_runs_from_an_install_in_any_directory(venv: Path, tmp_path: Path) -> None:
@@ -88,3 +88,14 @@ def test_an_engine_repositorys_own_test_file_passes_the_release_and_fails_a_plan
     bad = _run(cmd, repo, K3NUM_ENGINE_SRC=f"vllm={tree}")
     assert bad.returncode == 1, bad.stdout[-3000:]
     assert "elements over budget" in bad.stdout and "example_attn_res_within_rounding_budget" in bad.stdout
+
+
+def test_k3num_check_runs_from_an_install_and_fails_a_planted_bug_as_new(venv: Path, tmp_path: Path) -> None:
+    """The pull-request job of docs/engine-ci.md: `k3num check --head .` in the engine's checkout."""
+    head = fixes.patched_tree(fixes.by_id("mixture-scaled"), tmp_path / "vllm-checkout")
+    r = _run([str(venv / "bin" / "k3num"), "check", "--engine", "vllm", "--head", ".", "-k",
+              "test_attn_res_within_rounding_budget_of_oracle", "--out", "out/check"], head)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-2000:]
+    md = (head / "out" / "check" / "check.md").read_text()
+    assert "# k3num check: FAIL" in md
+    assert "test_attn_res_within_rounding_budget_of_oracle[vllm]" in md.split("## New failures")[1].split("##")[0]

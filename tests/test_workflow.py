@@ -38,3 +38,33 @@ def test_the_script_reads_every_variable_the_workflow_sets():
     script = (ROOT / "scripts/gpu_nightly.sh").read_text()
     for var in _job()["env"]:
         assert var in script, var
+
+
+def _pr_job() -> tuple[dict, dict]:
+    wf = yaml.safe_load((ROOT / "examples/engine-ci.yml").read_text())
+    return wf, wf["jobs"]["check"]
+
+
+def test_the_engine_repositorys_pull_request_job_runs_k3num_check_on_its_tree():
+    wf, job = _pr_job()
+    trigger = wf.get(True, wf.get("on"))  # YAML 1.1 reads the key `on` as True
+    assert "pull_request" in trigger and "csrc/**" in trigger["pull_request"]["paths"]
+    assert job["env"]["K3NUM_ENGINE"] in registry.known()
+    runs = "\n".join(s.get("run", "") for s in job["steps"])
+    assert 'k3num fetch "$K3NUM_ENGINE"' in runs
+    assert 'k3num check --engine "$K3NUM_ENGINE" --head . --out out/check' in runs
+    assert "torch==2.13.0" in runs and "--index-url https://download.pytorch.org/whl/cpu" in runs
+
+
+def test_the_pull_request_job_posts_check_md_uploads_the_check_and_keeps_the_verdict():
+    _, job = _pr_job()
+    steps = job["steps"]
+    names = [s.get("id") or s.get("name", "") for s in steps]
+    post = next(s for s in steps if "gh pr comment" in s.get("run", ""))
+    assert "--body-file out/check/check.md" in post["run"] and post["if"].startswith("always()")
+    upload = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact"))
+    assert upload["with"]["path"] == "out/check/" and upload["if"] == "always()"
+    # the check's exit code is kept past the comment and the upload, and decides the job last
+    assert names.index("check") < steps.index(post) < steps.index(upload) < len(steps) - 1
+    assert steps[-1]["run"] == 'exit "${{ steps.check.outputs.rc }}"'
+    assert "set +e" in steps[names.index("check")]["run"]

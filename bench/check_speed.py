@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from k3num.harness.check import _plugin_args  # noqa: E402
 from k3num.supply import fetch  # noqa: E402
 
 SELECT = {"vllm": "attn_res"}
@@ -51,16 +52,16 @@ def main() -> int:
                 (copy / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(fetch.source_dir(pin) / rel, copy / rel)
             k = ["-k", SELECT[engine]] if engine in SELECT else []
-            plain = [sys.executable, "-m", "pytest", "--pyargs", "k3num.properties", "--engine", engine,
-                     "--engine-src", f"{pin}={copy}", "--engine-mode", "source", f"--hypothesis-profile={args.profile}",
-                     "-p", "no:cacheprovider", "-q", *k]
+            plain = [sys.executable, "-m", "pytest", *_plugin_args(), "--pyargs", "k3num.properties", "--engine",
+                     engine, "--engine-src", f"{pin}={copy}", "--engine-mode", "source",
+                     f"--hypothesis-profile={args.profile}", "-p", "no:cacheprovider", "-q", *k]
             check = [sys.executable, "-m", "k3num.harness.cli", "check", "--engine", engine, "--head", str(copy),
                      "--hypothesis-profile", args.profile, "--out", str(Path(tmp) / f"out-{engine}"), *k]
             times: dict[str, list[float]] = {"plain": [], "check": []}
             for _ in range(args.reps):
                 for name, cmd in (("plain", plain), ("check", check)):
                     print(f"[bench] {engine}: {name} run", file=sys.stderr)
-                    sec, rc = _timed(cmd, Path(tmp))
+                    sec, rc = _timed(cmd, Path.cwd())
                     if rc not in (0, 1):
                         print(f"[bench] {engine}: {name} exited {rc}", file=sys.stderr)
                     times[name].append(sec)

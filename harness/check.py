@@ -58,8 +58,16 @@ def validate(args: argparse.Namespace) -> tuple[str, Path, str]:
     return pin, head, str(_tree("--base", args.base, pin))
 
 
+def _plugin_args() -> list[str]:
+    """`-p k3num.harness.plugin` where no install registered the plugin (a checkout used in place, as on a
+    GPU box without network); an installed one (entry point `k3num`) is loaded by pytest itself."""
+    from importlib.metadata import entry_points
+
+    return [] if any(ep.name == "k3num" for ep in entry_points(group="pytest11")) else ["-p", "k3num.harness.plugin"]
+
+
 def pytest_command(args: argparse.Namespace, pin: str, head: Path, base: str, out: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "k3num.properties", "--engine", args.engine,
+    cmd = [sys.executable, "-m", "pytest", *_plugin_args(), "--pyargs", "k3num.properties", "--engine", args.engine,
            "--engine-src", f"{pin}={head}", "--engine-mode", "source", "--check-base", base,
            "--check-out", str(out), "--repro-dir", str(out / "repro"), "--drift-csv", str(out / "drift.csv"),
            f"--hypothesis-profile={args.hypothesis_profile}", "-p", "no:cacheprovider", "-q", "-rN"]

@@ -39,6 +39,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--profile", default="ci")
     ap.add_argument("--engines", default="tokenspeed,sglang,vllm")
+    ap.add_argument("-k", default=None, help="one -k expression for every engine (default: vllm -k attn_res)")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -51,7 +52,8 @@ def main() -> int:
             for rel in fetch.PINS[pin].files:
                 (copy / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(fetch.source_dir(pin) / rel, copy / rel)
-            k = ["-k", SELECT[engine]] if engine in SELECT else []
+            expr = args.k or SELECT.get(engine)
+            k = ["-k", expr] if expr else []
             plain = [sys.executable, "-m", "pytest", *_plugin_args(), "--pyargs", "k3num.properties", "--engine",
                      engine, "--engine-src", f"{pin}={copy}", "--engine-mode", "source",
                      f"--hypothesis-profile={args.profile}", "-p", "no:cacheprovider", "-q", *k]

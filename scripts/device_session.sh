@@ -91,7 +91,7 @@ for rel in fetch.PINS["vllm"].files:
     shutil.copyfile(fetch.source_dir("vllm") / rel, root / "pinned" / rel)
 fixes.patched_tree(fixes.by_id("mixture-scaled"), root / "bug")
 PY
-    for e in vllm vllm-rocm; do
+    for e in ${K3NUM_CHECK_ENGINES:-vllm vllm-rocm}; do
         timeout -s INT "${K3NUM_CHECK_TIMEOUT:-200}" python -m k3num.harness.cli check --engine "$e" \
             --head "$out/check-trees/pinned" -k attn_res --device cuda --out "$out/check-$e-pinned" \
             > "$out/check-$e-pinned.log" 2>&1
@@ -106,8 +106,8 @@ PY
     [ "$rc" -eq 1 ] || check=1
     cat "$out/check-vllm-bug/check.md" >> "$out/check.txt" 2>/dev/null
     grep -q "exit 0 (want 0)" "$out/check.txt" || check=1
-    [ "$(grep -c 'pinned: exit 0 (want 0)' "$out/check.txt")" -eq 2 ] || check=1
-    python bench/check_speed.py --engines vllm 2>/dev/null | tee -a "$out/check.txt"
+    [ "$(grep -c 'pinned: exit 0 (want 0)' "$out/check.txt")" -eq "$(echo ${K3NUM_CHECK_ENGINES:-vllm vllm-rocm} | wc -w)" ] || check=1
+    python bench/check_speed.py --engines vllm -k "${K3NUM_CHECK_BENCH_K:-attn_res}" 2>/dev/null | tee -a "$out/check.txt"
     rm -rf "$out/check-trees" "$out"/check-*/repro
 fi
 if want stores; then

@@ -90,7 +90,7 @@ def _rows(found: pd.DataFrame, drift: pd.DataFrame, engine: str) -> pd.DataFrame
 
 
 def _entry(entry_id: str) -> str:
-    d = next((d for d in ledger.LEDGER if d.id == entry_id), None)
+    d = ledger.by_id(entry_id)
     return f"{entry_id} ({d.upstream})" if d else entry_id
 
 
@@ -120,7 +120,8 @@ def markdown(found: pd.DataFrame, drift: pd.DataFrame, args: argparse.Namespace,
     lines += [f"- `{short(r.node)}`: {r.head_skip_why}" for r in lost.itertuples()] or ["None."]
     flaky = found[found["flaky"] > 0]
     if len(flaky):
-        lines += ["", "## Flaky on the head (failed where the base passed four times, then passed on a rerun)", ""]
+        lines += ["", "## Flaky on the head (its failure did not repeat on the same case, or the test has a known "
+                      "race)", ""]
         lines += [f"- `{short(r.node)}`: {r.flaky} of {r.examples} examples"
                   + (f"; a known race: ledger {_entry(r.ledger)}" if r.ledger else "; no ledger entry: a new race?")
                   for r in flaky.itertuples()]

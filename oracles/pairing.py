@@ -9,7 +9,8 @@ Two tables come in, both written by harness/pairing_run.py:
 
 Two judgements come out:
 - `outcomes`: per node, the examples that are new (fail on the head, pass on the base), fixed (the
-  reverse), known (fail on both), flaky (the head's failure did not repeat on the same case), and the
+  reverse), known (fail on both), flaky (the head's failure did not repeat on the same case, or the
+  test carries a ledger entry for a race: a head-only failure there cannot be told from it), and the
   head's skips where the base ran (a subject the head lost: "contract changed: <file>: <what>" is such
   a reason);
 - `paired_drift`: per (node, property, subject), the errors of identical cases side by side, judged
@@ -34,6 +35,8 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+
+from k3num.oracles import ledger
 
 ALPHA = 1e-4
 
@@ -66,6 +69,10 @@ def outcomes(examples: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for node, g in examples.groupby("node", sort=True):
         ran = g[(g["head"] != SKIP) & (g["base"] != SKIP)]
+        entry = ledger.by_id(next((x for x in g["ledger"] if x), ""))
+        head_only = (ran["head"] == FAIL) & (ran["base"] == PASS)
+        if entry is not None and entry.race:  # a head-only failure in a test with a known race is that race's
+            ran = ran.assign(head=ran["head"].where(~head_only, FLAKY))
         new = ran[(ran["head"] == FAIL) & (ran["base"] == PASS)]
         fixed = ran[(ran["head"] == PASS) & (ran["base"] == FAIL)]
         known = ran[(ran["head"] == FAIL) & (ran["base"] == FAIL)]

@@ -46,7 +46,8 @@ def test_outcomes_tell_new_fixed_known_and_what_the_head_lost():
         ("u[a]", 1, "pass", "fail", "", "x", "K3N-008"), ("v[a]", 1, "fail", "fail", "x", "x", "K3N-006"),
         ("w[a]", 1, "skip", "pass", "contract changed: f.py: g takes (a), the adapter binds (a, b)", "", ""),
         ("z[a]", 1, "pass", "pass", "", "", ""), ("r[a]", 1, "flaky", "pass", "x", "", "K3N-004"),
-        ("q[a]", 1, "flaky", "pass", "x", "", ""),
+        ("q[a]", 1, "flaky", "pass", "x", "", ""), ("s[a]", 1, "fail", "pass", "x", "", "K3N-004"),
+        ("s[a]", 2, "fail", "fail", "x", "x", "K3N-004"), ("p[a]", 1, "fail", "pass", "x", "", "K3N-009"),
     ])).set_index("node")
     assert found.loc["t[a]", ["new", "known", "status", "first_new"]].tolist() == [1, 1, "new", "AssertionError: worse"]
     assert found.loc["u[a]", ["fixed", "status", "ledger"]].tolist() == [1, "fixed", "K3N-008"]
@@ -54,6 +55,10 @@ def test_outcomes_tell_new_fixed_known_and_what_the_head_lost():
     assert found.loc["w[a]", "status"] == "head cannot run" and found.loc["w[a]", "examples"] == 0
     assert found.loc["z[a]", "status"] == "same"
     assert found.loc["r[a]", ["flaky", "status"]].tolist() == [1, "flaky"]
+    # a head-only failure where the ledger files a race (K3N-004: GPU run 33 saw the pinned bytes fail one
+    # case on one load and pass it on another) is that race's; where it files a deterministic bug, it is new
+    assert found.loc["s[a]", ["new", "flaky", "known", "status"]].tolist() == [0, 1, 1, "flaky"]
+    assert found.loc["p[a]", ["new", "status"]].tolist() == [1, "new"]
     no_drift = pairing.paired_drift(pd.DataFrame(columns=list(pairing.RECORD_COLUMNS)))
     # a flaky failure is a known race under a ledger entry, and a finding without one
     assert pairing.exit_code(found.loc[["r[a]", "z[a]"]].reset_index(), no_drift) == 0

@@ -90,6 +90,14 @@ def _judge_the_account(session: pytest.Session) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def session_of(config: pytest.Config) -> pytest.Session | None:
+    return getattr(config, "_k3num_session", None)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config._k3num_session = session  # type: ignore[attr-defined]
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     """Keep pytest's terminal reporter for the block printed last (pytest_unconfigure)."""
     config._k3num_tr = terminalreporter  # type: ignore[attr-defined]
@@ -134,9 +142,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         tw.line(f"ERROR: engine {name} was asked for and ran no test: {why}", red=True)
     never = getattr(config, "_k3num_never", [])
     if never:
-        tw.line(f"ERROR: {len(never)} collected test(s) never ran (xdist stops replacing crashed workers after "
-                f"--max-worker-restart; a run cut short): {', '.join(never[:5])}{' ...' if len(never) > 5 else ''}",
-                red=True)
+        why = (f"the run stopped after {config.option.maxfail} failure(s), -x/--maxfail"
+               if getattr(config.option, "maxfail", 0) and getattr(session_of(config), "testsfailed", 0)
+               >= config.option.maxfail else
+               "xdist stops replacing crashed workers after --max-worker-restart; a run cut short")
+        tw.line(f"ERROR: {len(never)} collected test(s) never ran ({why}): {', '.join(never[:5])}"
+                f"{' ...' if len(never) > 5 else ''}", red=True)
     frame = getattr(config, "_k3num_frame", None)
     summary = summarize(frame) if frame is not None else COLLECTOR.summary()
     if not summary.empty:

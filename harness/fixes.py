@@ -4,8 +4,9 @@ Each fix is an edit described by where it goes (a function, an anchor line) and 
 a copy of engine code: `patched_tree` copies the engine's pinned files from the hash-checked cache
 into a directory, applies the fixes there and refuses (naming file and anchor) when an anchor no
 longer occurs exactly once. `scripts/prove_fixes.py` then runs each fix's properties with
-`--engine-src NAME=TREE`: the patched tree is not the pinned bytes, so the ledger's strict xfails do
-not apply there (supply.fetch.ledger_version) and the property must pass plainly. The upstream
+`--engine-src NAME=TREE`: the fix edits the files its ledger entry names, so the entry's strict xfail
+does not apply there (oracles/ledger.py `files`, supply.fetch.pinned_files) and the property must pass
+plainly. The upstream
 drafts in docs/upstream-reports.md describe the same fixes in words.
 """
 

@@ -53,7 +53,8 @@ from k3num.oracles.drift import COLLECTOR
 
 # the plugin's other halves: what a failed test leaves behind and a lost CUDA context (run_isolation), and
 # the run's account per engine with the block that ends the log (run_summary)
-pytest_plugins = ["k3num.harness.run_isolation", "k3num.harness.run_summary", "k3num.harness.pairing_run"]
+pytest_plugins = ["k3num.harness.run_isolation", "k3num.harness.run_summary", "k3num.harness.pairing_run",
+                  "k3num.harness.ledger_run"]
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 if not _WORKER and torch.cuda.is_available():
@@ -585,8 +586,10 @@ def _bound() -> dict[str, str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from k3num.harness import ledger_run
+    from k3num.properties import ledger_cases
     from k3num.supply import installed
-    from k3num.supply.fetch import PINS, ledger_version
+    from k3num.supply.fetch import PINS, pinned_files
 
     ours = [item for item in items if _ours(item)]
     if ours and not config.getoption("hypothesis_profile", None):
@@ -599,7 +602,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if h is not None and hasattr(h, "inner_test"):
                 h.inner_test = isolation.releasing(h.inner_test)
 
-    versions: dict[str, str] = {}
+    applies: dict[str, bool] = {}  # entry id -> its files are the pinned bytes here
     checking = bool(config.getoption("--check-base", None))  # k3num check: the pairing tells known from new
     for item in ours:  # known divergences: strict xfail, so an upstream fix turns the case red
         callspec = getattr(item, "callspec", None)
@@ -609,16 +612,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         pin = PINS.get(name.split("-")[0])
         # the mode the engine's build takes here (ledger entries can be limited to modes)
         mode = installed.expected_mode(pin.engine) if pin else "reference"
-        # a local tree that is not the pinned bytes (a patch, a checkout) is judged plainly
-        version = versions.setdefault(pin.engine, ledger_version(pin.engine)) if pin else ""
+        entry = ledger.lookup(name, pin.version, getattr(item, "originalname", item.name), mode) if pin else None
         if checking:  # the entry filed on the pinned release names a known failure; nothing is marked
-            entry = ledger.lookup(name, pin.version, getattr(item, "originalname", item.name), mode) if pin else None
             item.k3num_check_ledger = entry.id if entry else ""  # type: ignore[attr-defined]
             continue
-        entry = ledger.lookup(name, version, getattr(item, "originalname", item.name), mode)
-        if entry is not None:
+        # an entry applies while its files are the pinned bytes: a tree that changed one of them (a fix, a
+        # patch) is judged plainly, a tree that changed only other files of the engine keeps the entry
+        if entry is not None and pin is not None and not applies.setdefault(entry.id,
+                                                                             pinned_files(pin.engine, entry.files)):
+            entry = None
+        if entry is None:
+            continue
+        item.k3num_ledger = entry.id  # type: ignore[attr-defined]  # read by _ledger_context
+        h = getattr(getattr(item, "obj", None), "hypothesis", None)
+        if entry.id in ledger_cases.CASES and h is not None and hasattr(h, "inner_test"):
+            # the entry covers the cases its rule names; the others are judged plainly (_ledgered), and its
+            # reproducer is the strict case (properties/test_ledger_reproducers.py; harness/ledger_run.py)
+            h.inner_test = ledger_run.ledgered(h.inner_test)
+            h.inner_test._k3num_entries[name] = entry  # type: ignore[attr-defined]
+        else:  # no case rule: the whole test is the entry's, strictly
             item.add_marker(pytest.mark.xfail(strict=True, reason=f"{entry.id} ({entry.upstream}): {entry.what}"))
-            item.k3num_ledger = entry.id  # type: ignore[attr-defined]  # read by _ledger_context
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device; torch.cuda.is_available() is False here")

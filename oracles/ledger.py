@@ -1,9 +1,11 @@
 """The known-divergence ledger: where a real engine disagrees with the oracle or breaks a contract.
 
 Nothing is loosened for these: each entry marks exactly its (engine, version,
-property test[, mode]) case `xfail(strict=True)` pointing back here (root
-conftest), so an upstream fix turns the case red and the entry must then be
-removed. Each entry carries the minimal reproducer hypothesis found and the
+property test[, mode]) case `xfail(strict=True)` pointing back here (the
+plugin, harness/plugin.py), so an upstream fix turns the case red and the
+entry must then be removed. An entry applies while its `files` are the pinned
+bytes: a tree that changed other files of the engine keeps it, a tree that
+changed one of its files is judged plainly. Each entry carries the minimal reproducer hypothesis found and the
 upstream issue. `modes` limits an entry to the modes it was seen in (a race on
 the GPU does not happen under the sequential Triton interpreter); empty means
 every mode.
@@ -24,19 +26,23 @@ class Divergence:
     what: str
     reproducer: str
     upstream: str
+    # the engine files (paths inside the pinned release) the finding lives in: the entry applies while
+    # these are the pinned bytes, however the rest of the engine's tree changed (supply.fetch.pinned_files)
+    files: tuple[str, ...] = ()
     modes: tuple[str, ...] = ()
     # other property tests the same finding fails (a race shows in every property that repeats or
     # judges the racy call)
     also: tuple[str, ...] = ()
     # a race: the same case fails on some calls only, and on one module instance and not another (GPU
-    # run 33: the pinned vLLM bytes, loaded twice, failed K3N-004's case four times in a row on one and
+    # run 34: the pinned vLLM bytes, loaded twice, failed K3N-004's case four times in a row on one and
     # passed four times on the other); `k3num check` cannot tell a head's failure in its tests from it
     race: bool = False
 
 
 LEDGER: tuple[Divergence, ...] = (
     Divergence(
-        id="K3N-001", engine="vllm-rocm", version="0.33.0", subject="aux_capture",
+        id="K3N-001", files=("vllm/models/kimi_k3/amd/linear.py", "vllm/models/kimi_k3/nvidia/model.py"),
+        engine="vllm-rocm", version="0.33.0", subject="aux_capture",
         test="test_branch1_tap_mixes_with_the_next_layers_weights_and_blocks",
         what="the ROCm aux tap (amd/linear.py _maybe_add_hidden_state) returns the prefix sum and ignores "
              "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM, so with the flag on it is not the next layer's mixture",
@@ -45,7 +51,8 @@ LEDGER: tuple[Divergence, ...] = (
         upstream="vllm#56434 (open)",
     ),
     Divergence(
-        id="K3N-002", engine="vllm-rocm", version="0.33.0", subject="aux_capture",
+        id="K3N-002", files=("vllm/models/kimi_k3/amd/linear.py", "vllm/models/kimi_k3/nvidia/model.py"),
+        engine="vllm-rocm", version="0.33.0", subject="aux_capture",
         test="test_branch2_tap_on_the_last_rank_mixes_with_the_output_weights",
         what="same cause as K3N-001 after the last layer: the output mixture is never formed",
         reproducer="TapCase(num_layers=2, block_size=1, stage_end=1, layer_idx=0, tokens=1, hidden=16, seed=0): "
@@ -53,7 +60,8 @@ LEDGER: tuple[Divergence, ...] = (
         upstream="vllm#56434 (open); see also vllm#50815 (the tap after the last layer)",
     ),
     Divergence(
-        id="K3N-003", engine="vllm-rocm", version="0.33.0", subject="aux_capture",
+        id="K3N-003", files=("vllm/models/kimi_k3/amd/linear.py", "vllm/models/kimi_k3/nvidia/model.py"),
+        engine="vllm-rocm", version="0.33.0", subject="aux_capture",
         test="test_branch3_non_final_stage_raises_when_configured_to",
         what="at the end of a non-final PP stage the ROCm tap returns the prefix where the NVIDIA path "
              "of the same release refuses (RuntimeError): the two platforms disagree on branch 3",
@@ -62,7 +70,8 @@ LEDGER: tuple[Divergence, ...] = (
         upstream="vllm#56434 (open)",
     ),
     Divergence(
-        id="K3N-004", engine="vllm", version="0.33.0", subject="attn_res",
+        id="K3N-004", files=("vllm/models/kimi_k3/nvidia/ops/attn_res.py",),
+        engine="vllm", version="0.33.0", subject="attn_res",
         test="test_a_block_written_in_the_call_is_mixed_with_its_written_value",
         what="nvidia/ops/attn_res.py _attn_res_kernel stores the prefix into bank row block_write_idx and then "
              "loads the sources with another thread layout; the tl.debug_barrier() between them is only "
@@ -80,7 +89,8 @@ LEDGER: tuple[Divergence, ...] = (
         also=("test_attn_res_repeated_calls_are_bitwise_identical",),
     ),
     Divergence(
-        id="K3N-005", engine="vllm-rocm", version="0.33.0", subject="attn_res",
+        id="K3N-005", files=("vllm/models/kimi_k3/amd/ops/attn_res.py",),
+        engine="vllm-rocm", version="0.33.0", subject="attn_res",
         test="test_a_block_written_in_the_call_is_mixed_with_its_written_value",
         what="same race as K3N-004 in amd/ops/attn_res.py (the ROCm Triton kernel, run on the H200)",
         reproducer="AttnResCase(tokens=1, hidden=32, bank=2, num_blocks=2, block_write_idx=0, with_delta=False, "
@@ -91,7 +101,9 @@ LEDGER: tuple[Divergence, ...] = (
         also=("test_attn_res_repeated_calls_are_bitwise_identical",),
     ),
     Divergence(
-        id="K3N-006", engine="tokenspeed", version="0.1.1", subject="finalize_projection",
+        id="K3N-006",
+        files=("tokenspeed/runtime/models/kimi_k3_dspark.py", "tokenspeed/runtime/execution/dspark_context.py"),
+        engine="tokenspeed", version="0.1.1", subject="finalize_projection",
         test="test_sharded_adds_no_rounding_beyond_its_partials_when_taps_cancel",
         what="K3DSparkModel.project_target_tap returns linear(hidden, weight) in bf16, so every tap's "
              "projection is rounded to bf16 before it enters the fp32 stage accumulator (add_capture), and "
@@ -107,7 +119,8 @@ LEDGER: tuple[Divergence, ...] = (
         upstream="none found (not reported yet)",
     ),
     Divergence(
-        id="K3N-007", engine="vllm-rocm", version="0.33.0", subject="attn_res",
+        id="K3N-007", files=("vllm/models/kimi_k3/amd/ops/attn_res.py",),
+        engine="vllm-rocm", version="0.33.0", subject="attn_res",
         test="test_attn_res_within_rounding_budget_of_oracle",
         what="amd/ops/attn_res.py _attn_res_kernel races with itself when it has a delta: it stores prefix + delta "
              "back into the prefix in place (warps 0-3, the row layout) with no barrier before the store, while the "
@@ -130,7 +143,8 @@ LEDGER: tuple[Divergence, ...] = (
               "test_attn_res_writes_every_output_element_and_nothing_outside_its_rows"),
     ),
     Divergence(
-        id="K3N-008", engine="sglang", version="0.5.23", subject="attn_res_residual",
+        id="K3N-008", files=("sglang/srt/layers/attn_residual.py",),
+        engine="sglang", version="0.5.23", subject="attn_res_residual",
         test="test_model_aggregation_off_grid_hidden_within_budget_or_refused",
         what="srt/layers/attn_residual.py: the model's aggregation path (AttnResidual.forward -> _aggregate -> "
              "_aggregate_fused -> _mix_fused) has no guard for hidden % 1024 != 0, unlike the public "
@@ -145,7 +159,8 @@ LEDGER: tuple[Divergence, ...] = (
         upstream="none found (not reported yet)",
     ),
     Divergence(
-        id="K3N-009", engine="vllm", version="0.33.0", subject="attn_res",
+        id="K3N-009", files=("vllm/models/kimi_k3/nvidia/ops/attn_res.py",),
+        engine="vllm", version="0.33.0", subject="attn_res",
         test="test_attn_res_bank_indices_outside_the_bank_are_refused",
         what="nvidia/ops/attn_res.py attn_res accepts num_blocks > blocks.shape[1] and block_write_idx >= "
              "blocks.shape[1]: the bounds it checks gate only the SM100 native op, and the Triton fallback then "
@@ -157,7 +172,8 @@ LEDGER: tuple[Divergence, ...] = (
         upstream="none found (not reported yet)",
     ),
     Divergence(
-        id="K3N-011", engine="vllm", version="0.33.0", subject="block_fp8_loading",
+        id="K3N-011", files=("vllm/model_executor/layers/linear.py", "vllm/model_executor/parameter.py"),
+        engine="vllm", version="0.33.0", subject="block_fp8_loading",
         test="test_block_fp8_merged_shards_dequantize_to_the_per_layer_weights",
         what="a block-FP8 DSpark draft loads into the merged context_kv_proj with misplaced block scales: each "
              "layer's 576 rows are 4.5 blocks of 128, the merged layer allows the block-shape mismatch "
@@ -172,7 +188,10 @@ LEDGER: tuple[Divergence, ...] = (
         upstream="none found (not reported yet)",
     ),
     Divergence(
-        id="K3N-012", engine="vllm", version="0.33.0", subject="nvfp4_loading",
+        id="K3N-012", files=("vllm/model_executor/layers/linear.py",
+               "vllm/model_executor/layers/quantization/compressed_tensors/schemes/compressed_tensors_w4a4_nvfp4.py",
+               "vllm/model_executor/layers/quantization/modelopt.py"),
+        engine="vllm", version="0.33.0", subject="nvfp4_loading",
         test="test_nvfp4_merged_shards_dequantize_to_the_per_layer_weights",
         what="an NVFP4 DSpark draft whose layers carry their own per-tensor scales loads into the merged "
              "context_kv_proj with one scale for all, with only a warning: compressed-tensors "
@@ -188,7 +207,8 @@ LEDGER: tuple[Divergence, ...] = (
         upstream="none found (not reported yet)",
     ),
     Divergence(
-        id="K3N-010", engine="vllm-rocm", version="0.33.0", subject="attn_res",
+        id="K3N-010", files=("vllm/models/kimi_k3/amd/ops/attn_res.py",),
+        engine="vllm-rocm", version="0.33.0", subject="attn_res",
         test="test_attn_res_bank_indices_outside_the_bank_are_refused",
         what="same as K3N-009 in amd/ops/attn_res.py, which checks no bound at all",
         reproducer="as K3N-009",

@@ -13,6 +13,7 @@ from k3num.fixtures.builders import AttnResInputs, attn_res_inputs
 from k3num.fixtures.strategies import AttnResCase, attn_res_cases
 from k3num.harness.judges import EPS, OUT_EPS, attn_res_oracle
 from k3num.oracles.records import judge
+from k3num.properties.ledger_cases import K3N_004, K3N_005, K3N_007  # noqa: F401
 from k3num.properties.support import DEVICE, LOW, assert_bitwise, report, round_storage, subject
 
 # each write-inside-the-mix case is run this many times: the GPU race of K3N-004/005 shows on a
@@ -21,13 +22,9 @@ WRITE_REPEATS = 4
 # K3N-007's reproducer: the ROCm kernel's outputs vary from call to call on the H200 (49 of 300 calls
 # over budget); the accuracy property runs this explicit example FLAKY_REPEATS times, so its strict
 # xfail fails with probability 1 - (251/300)**32 > 0.99 instead of passing by luck
-K3N_007 = AttnResCase(tokens=1, hidden=128, bank=4, num_blocks=4, block_write_idx=-1, with_delta=True,
-                      with_output_norm=True, seed=0, scale=0.01, outliers=30.0)
 FLAKY_REPEATS = 32
-# K3N-004/005's reproducers: a write inside the mixed rows with no delta (the GPU race)
-K3N_004 = AttnResCase(tokens=1, hidden=32, bank=2, num_blocks=2, block_write_idx=0, with_delta=False,
-                      with_output_norm=False, seed=0, scale=0.01, outliers=30.0)
-K3N_005 = dataclasses.replace(K3N_004, seed=7, scale=1.0)
+# K3N-004/005's reproducers: a write inside the mixed rows with no delta (the GPU race); with K3N-007's,
+# kept with the ledger's case rules (properties/ledger_cases.py)
 
 
 def _call(engine, inp: AttnResInputs, case: AttnResCase) -> torch.Tensor:

@@ -154,23 +154,21 @@ def version_label(engine: str) -> str:
     return f"{pin.version}+local" if engine in local_sources() else pin.version
 
 
-def ledger_version(engine: str) -> str:
-    """The version the ledger's entries are matched against: the pin's while the engine's source is
-    the pinned bytes (the cache, or a local tree whose pinned files all hash as pinned), else the
-    local label, so that a patched tree is judged plainly: a fix turns its property green instead of
-    turning a strict xfail red."""
+def pinned_files(engine: str, files: tuple[str, ...]) -> bool:
+    """Whether each of `files` is the pinned bytes in the source used: always for the cache (checked
+    against its pins before use); for a local tree, each file's sha256 against the pinned manifest (no
+    verified manifest to compare with: not the pinned bytes as far as anyone can tell)."""
     pin = PINS[engine]
+    unknown = [f for f in files if f not in pin.files]
+    if unknown:
+        raise ValueError(f"{engine}: {unknown} are not files of the pin")
     local = local_sources().get(engine)
     if local is None:
-        return pin.version
+        return True
     pinned = _pinned_manifest(pin)
-    if pinned is None:  # nothing to compare with: not the pinned bytes as far as anyone can tell
-        return version_label(engine)
-    for rel in pin.files:
-        path = local / rel
-        if not path.is_file() or sha256_of(path) != pinned.get(rel):
-            return version_label(engine)
-    return pin.version
+    if pinned is None:
+        return False
+    return all((local / rel).is_file() and sha256_of(local / rel) == pinned.get(rel) for rel in files)
 
 
 def _pinned_manifest(pin: Pin) -> dict[str, str] | None:

@@ -549,7 +549,40 @@ PATHS = (
 )
 
 
+# a bug planted over a real engine's pinned bytes, under the engine's own name, so that its ledger entries
+# apply: `K3NUM_PLANT=NAME pytest -p tests.mutants --engine sglang` (tests/test_ledger_files.py). The
+# on-grid one scales SGLang's model aggregation where hidden % 1024 == 0: outside K3N-008's rule (off the
+# grid), in the very test the entry covers
+PLANT_ENV = "K3NUM_PLANT"
+
+
+def _scaled_on_grid(fn: base.Subject) -> base.Subject:
+    def planted(prefix, bank, nvb, norm, proj, out_norm, eps):
+        out = fn(prefix, bank, nvb, norm, proj, out_norm, eps)
+        return (out.float() * 1.03).to(out.dtype) if out.shape[-1] % 1024 == 0 else out
+
+    return planted
+
+
+PLANTS = {"sglang-on-grid-scaled": ("sglang", base.ATTN_RES_RESIDUAL, _scaled_on_grid)}
+
+
+def _planted(name: str, factory: Callable[[], base.Engine]) -> base.Engine:
+    _, subject_name, plant = PLANTS[name]
+    real = factory()
+    subjects = dict(real.subjects)
+    subjects[subject_name] = plant(real.subject(subject_name))
+    return dataclasses.replace(real, subjects=subjects)
+
+
 def pytest_configure(config) -> None:
+    plant = os.environ.get(PLANT_ENV)
+    if plant:
+        if plant not in PLANTS:
+            raise pytest.UsageError(f"{PLANT_ENV}={plant!r}: known plants are {sorted(PLANTS)}")
+        registry.known()
+        real = registry._FACTORIES[PLANTS[plant][0]]  # the engine's own factory, wrapped
+        registry.register(PLANTS[plant][0], lambda: _planted(plant, real))
     for name in ALL:
         registry.register(f"mutant-{name}", lambda name=name: build(name))
     drift = os.environ.get(DRIFT_ENV)

@@ -55,7 +55,7 @@ def test_outcomes_tell_new_fixed_known_and_what_the_head_lost():
     assert found.loc["w[a]", "status"] == "head cannot run" and found.loc["w[a]", "examples"] == 0
     assert found.loc["z[a]", "status"] == "same"
     assert found.loc["r[a]", ["flaky", "status"]].tolist() == [1, "flaky"]
-    # a head-only failure where the ledger files a race (K3N-004: GPU run 33 saw the pinned bytes fail one
+    # a head-only failure where the ledger files a race (K3N-004: GPU run 34 saw the pinned bytes fail one
     # case on one load and pass it on another) is that race's; where it files a deterministic bug, it is new
     assert found.loc["s[a]", ["new", "flaky", "known", "status"]].tolist() == [0, 1, 1, "flaky"]
     assert found.loc["p[a]", ["new", "status"]].tolist() == [1, "new"]

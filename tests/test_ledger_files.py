@@ -1,0 +1,117 @@
+"""A ledger entry applies while the files it names are the pinned bytes (oracles/ledger.py `files`,
+supply.fetch.pinned_files): an edit elsewhere in the engine keeps it, an edit of its own file (a fix)
+lets the property judge plainly. And it covers the cases its rule names (properties/ledger_cases.py):
+a second bug in the same test, outside the rule, fails the test on the pinned bytes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from k3num.harness import accounting, fixes
+from k3num.oracles import ledger
+from k3num.supply import fetch
+
+ROOT = Path(__file__).resolve().parents[1]
+AMD_ATTN_RES = "vllm/models/kimi_k3/amd/ops/attn_res.py"
+DSPARK = "vllm/models/kimi_k3/nvidia/dspark_mla.py"
+
+
+def test_every_entry_names_files_of_its_pin():
+    for d in ledger.LEDGER:
+        pin = fetch.PINS[d.engine.split("-")[0]]
+        assert d.files, d.id
+        assert set(d.files) <= set(pin.files), (d.id, set(d.files) - set(pin.files))
+
+
+def test_every_fix_edits_a_file_of_each_entry_it_fixes():
+    """Else the fixed tree would keep the entry's strict xfail and prove_fixes could not see the fix."""
+    for fix in fixes.FIXES:
+        edited = {rel for rel, _ in fix.edits}
+        for suffix in fix.id.removeprefix("K3N-").split("/"):
+            entry = ledger.by_id(f"K3N-{suffix}")
+            assert entry is not None and edited & set(entry.files), (fix.id, entry)
+
+
+def _tree(tmp_path: Path, edited: str | None) -> Path:
+    if fetch.missing_files("vllm"):
+        pytest.skip("vllm is not fetched (k3num fetch vllm)")
+    root = tmp_path / "vllm-tree"
+    for rel in fetch.PINS["vllm"].files:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(fetch.source_dir("vllm") / rel, root / rel)
+    if edited:
+        with open(root / edited, "a") as fh:
+            fh.write("\n# a head's one-line edit\n")
+    return root
+
+
+def test_pinned_files_compares_each_named_file(tmp_path, monkeypatch):
+    root = _tree(tmp_path, AMD_ATTN_RES)
+    assert fetch.pinned_files("vllm", (DSPARK,))  # the cache
+    monkeypatch.setenv(fetch.ENGINE_SRC_ENV, f"vllm={root}")
+    assert fetch.pinned_files("vllm", (DSPARK, "vllm/models/kimi_k3/nvidia/ops/attn_res.py"))
+    assert not fetch.pinned_files("vllm", (AMD_ATTN_RES,))
+    assert not fetch.pinned_files("vllm", (DSPARK, AMD_ATTN_RES))
+    with pytest.raises(ValueError, match="not files of the pin"):
+        fetch.pinned_files("vllm", ("vllm/nope.py",))
+
+
+def _bank_indices(tree: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "properties/test_off_path_shapes.py", "-k",
+                           "bank_indices_outside", "--engine", "vllm,vllm-rocm", "--engine-src", f"vllm={tree}",
+                           "-p", "no:cacheprovider", "-q", "-rfxX", "--hypothesis-profile=ci"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_an_edit_elsewhere_keeps_the_entries_and_an_edit_of_their_file_judges_plainly(tmp_path):
+    """K3N-009 (NVIDIA attn_res.py) and K3N-010 (ROCm attn_res.py) on one property: a comment added to
+    dspark_mla.py keeps both known; one added to the ROCm attn_res.py keeps K3N-009 and lets K3N-010's
+    property fail plainly, as a real failure of that tree."""
+    other = _bank_indices(_tree(tmp_path / "a", DSPARK))
+    assert "2 xfailed" in accounting.tally(other.stdout), other.stdout[-3000:]
+    assert "K3N-009" in other.stdout and "K3N-010" in other.stdout
+    own = _bank_indices(_tree(tmp_path / "b", AMD_ATTN_RES))
+    tally = accounting.tally(own.stdout)
+    assert "1 failed" in tally and "1 xfailed" in tally, own.stdout[-3000:]
+    assert "FAILED properties/test_off_path_shapes.py::test_attn_res_bank_indices_outside_the_bank_are_refused" \
+           "[vllm-rocm]" in own.stdout
+
+
+# ---- the entries' case rules (properties/ledger_cases.py, harness/ledger_run.py) -------------------
+
+
+def test_every_entry_has_a_case_rule_whose_reproducer_it_covers():
+    from k3num.properties import ledger_cases
+
+    assert set(ledger_cases.CASES) == {d.id for d in ledger.LEDGER}
+    for d in ledger.LEDGER:
+        rule = ledger_cases.CASES[d.id]
+        assert rule.test in (d.test, *d.also), (d.id, rule.test)
+        assert ledger_cases.inside(d.id, rule.test, rule.reproducer), d.id  # its own reproducer is inside
+
+
+def _off_grid(plant: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "properties/test_off_path_shapes.py", "-k",
+                           "model_aggregation_off_grid", "-p", "tests.mutants", "--engine", "sglang", "-p",
+                           "no:cacheprovider", "-q", "-rfxX", "--hypothesis-profile=ci"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "K3NUM_PLANT": plant})
+
+
+def test_a_bug_outside_an_entrys_rule_fails_the_test_the_entry_covers_on_the_pinned_bytes():
+    """K3N-008 covers SGLang's off-grid hidden sizes in this test; a plant scaling the on-grid ones (1024,
+    2048) over the pinned bytes is a second bug in the same test: the test fails, where a whole-test
+    strict xfail would have reported it as K3N-008."""
+    if fetch.missing_files("sglang"):
+        pytest.skip("sglang is not fetched (k3num fetch sglang)")
+    pinned = _off_grid("")
+    assert "1 xfailed" in accounting.tally(pinned.stdout), pinned.stdout[-3000:]
+    assert "K3N-008" in pinned.stdout and "inside its rule" in pinned.stdout
+    planted = _off_grid("sglang-on-grid-scaled")
+    assert "1 failed" in accounting.tally(planted.stdout), planted.stdout[-3000:]
+    assert "hidden=1024" in planted.stdout or "hidden=2048" in planted.stdout, planted.stdout[-3000:]

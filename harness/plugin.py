@@ -612,25 +612,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         pin = PINS.get(name.split("-")[0])
         # the mode the engine's build takes here (ledger entries can be limited to modes)
         mode = installed.expected_mode(pin.engine) if pin else "reference"
-        entry = ledger.lookup(name, pin.version, getattr(item, "originalname", item.name), mode) if pin else None
+        test = getattr(item, "originalname", item.name)
+        found = ledger.lookup_all(name, pin.version, test, mode) if pin else []
         if checking:  # the entry filed on the pinned release names a known failure; nothing is marked
-            item.k3num_check_ledger = entry.id if entry else ""  # type: ignore[attr-defined]
+            item.k3num_check_ledger = found[0].id if found else ""  # type: ignore[attr-defined]
             continue
         # an entry applies while its files are the pinned bytes: a tree that changed one of them (a fix, a
         # patch) is judged plainly, a tree that changed only other files of the engine keeps the entry
-        if entry is not None and pin is not None and not applies.setdefault(entry.id,
-                                                                             pinned_files(pin.engine, entry.files)):
-            entry = None
-        if entry is None:
+        found = [d for d in found if pin is not None and applies.setdefault(d.id, pinned_files(pin.engine, d.files))]
+        if not found:
             continue
-        item.k3num_ledger = entry.id  # type: ignore[attr-defined]  # read by _ledger_context
+        item.k3num_ledger = found[0].id  # type: ignore[attr-defined]  # read by _ledger_context
         h = getattr(getattr(item, "obj", None), "hypothesis", None)
-        if entry.id in ledger_cases.CASES and h is not None and hasattr(h, "inner_test"):
-            # the entry covers the cases its rule names; the others are judged plainly (_ledgered), and its
-            # reproducer is the strict case (properties/test_ledger_reproducers.py; harness/ledger_run.py)
+        if all(d.id in ledger_cases.CASES for d in found) and h is not None and hasattr(h, "inner_test"):
+            # the entries cover the cases their rules name; the others are judged plainly, and each
+            # reproducer is a strict case (properties/test_ledger_reproducers.py; harness/ledger_run.py)
             h.inner_test = ledger_run.ledgered(h.inner_test)
-            h.inner_test._k3num_entries[name] = entry  # type: ignore[attr-defined]
+            h.inner_test._k3num_entries[name] = found  # type: ignore[attr-defined]
         else:  # no case rule: the whole test is the entry's, strictly
+            entry = found[0]
             item.add_marker(pytest.mark.xfail(strict=True, reason=f"{entry.id} ({entry.upstream}): {entry.what}"))
     if torch.cuda.is_available():
         return

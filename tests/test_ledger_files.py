@@ -5,6 +5,7 @@ a second bug in the same test, outside the rule, fails the test on the pinned by
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -115,3 +116,27 @@ def test_a_bug_outside_an_entrys_rule_fails_the_test_the_entry_covers_on_the_pin
     planted = _off_grid("sglang-on-grid-scaled")
     assert "1 failed" in accounting.tally(planted.stdout), planted.stdout[-3000:]
     assert "hidden=1024" in planted.stdout or "hidden=2048" in planted.stdout, planted.stdout[-3000:]
+
+
+def test_a_test_two_entries_share_lets_each_entrys_cases_pass_and_fails_the_rest():
+    """GPU run 35: ROCm's repeat property carries K3N-005 (a write, no delta) and K3N-007 (a delta, the
+    4-source tile); judging by the first entry alone failed K3N-007's own case."""
+    from k3num.harness import ledger_run
+    from k3num.properties.ledger_cases import K3N_005, K3N_007
+
+    class Rocm:
+        name = "vllm-rocm"
+
+    def test_attn_res_repeated_calls_are_bitwise_identical(engine, case):
+        raise AssertionError(f"distinct outputs for {case}")
+
+    body = ledger_run.ledgered(test_attn_res_repeated_calls_are_bitwise_identical)
+    body._k3num_entries["vllm-rocm"] = [ledger.by_id("K3N-005"), ledger.by_id("K3N-007")]
+    body(engine=Rocm(), case=K3N_005)  # inside K3N-005's rule: known
+    body(engine=Rocm(), case=K3N_007)  # inside K3N-007's rule: known
+    outside = dataclasses.replace(K3N_007, num_blocks=1)  # a delta with one source block: neither race
+    with pytest.raises(AssertionError, match="distinct outputs"):
+        body(engine=Rocm(), case=outside)
+    from k3num.oracles.drift import COLLECTOR
+
+    assert ledger_run._KNOWN.pop(COLLECTOR.node, []) == ["K3N-005", "K3N-007"]

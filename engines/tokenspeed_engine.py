@@ -162,9 +162,11 @@ def build() -> base.Engine:
         missing={
             base.CONTEXT_KV_FUSED: "TokenSpeed 0.1.1 projects context KV per draft layer (bound as the per-layer "
                                    "subject context_kv_unfused); it has no cross-layer fused GEMM",
-            base.ATTN_RES: "TokenSpeed 0.1.1's AttnRes kernel is not in the pinned files",
-            base.AUX_CAPTURE: "TokenSpeed 0.1.1's tap mixing is not in the pinned files (its stage assignment, "
-                              "_context_tap_owner_layer, is checked as the tap_owner contract)",
+            base.ATTN_RES: "not bound yet: TokenSpeed 0.1.1 has AttnRes (runtime/models/kimi_k3.py _apply_attn_res, "
+                           "calling tokenspeed-kernel 0.1.4's attn_res_fwd), but neither file is fetched here",
+            base.AUX_CAPTURE: "not bound yet: TokenSpeed 0.1.1 mixes its taps in runtime/models/kimi_k3.py "
+                              "(capture_attnres, _dspark_capture_stream), which is not fetched here (its stage "
+                              "assignment, _context_tap_owner_layer, is checked as the tap_owner contract)",
             base.DRAFT_CONTEXT_KV: "TokenSpeed 0.1.1's DSpark draft is MLA; the DFlash GQA path is SGLang's",
         },
     )

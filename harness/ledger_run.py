@@ -1,4 +1,4 @@
-"""The ledger's case rules in a run (harness/plugin.py applies them; properties/ledger_cases.py states
+"""The ledger's case rules in a run (harness/plugin.py applies them; harness/ledger_cases.py states
 them): in a test a ledger entry covers, a failing case inside the entry's rule is the known divergence,
 and any other failing case fails the test. Registered by harness/plugin.py (`pytest_plugins`)."""
 
@@ -16,7 +16,7 @@ _KNOWN: dict[str, list[str]] = {}  # node id -> the entry id of each failing cas
 
 def ledgered(inner):
     """A ledger-covered test's body (`test.hypothesis.inner_test`): a failing case inside the entry's rule
-    (properties/ledger_cases.py) is the known divergence, counted and let pass, so hypothesis goes on
+    (harness/ledger_cases.py) is the known divergence, counted and let pass, so hypothesis goes on
     drawing; a failing case outside every entry's rule fails the test as any failure does.
     `_k3num_entries` maps the engine's registry name to its entries (one body serves every engine's
     parametrization; two races can share one test: K3N-005 and K3N-007 on ROCm's repeat property)."""
@@ -24,7 +24,7 @@ def ledgered(inner):
         return inner
     from hypothesis.errors import HypothesisException
 
-    from k3num.properties import ledger_cases
+    from k3num.harness import ledger_cases
 
     entries: dict[str, list[ledger.Divergence]] = {}
 
@@ -56,7 +56,7 @@ def pytest_runtest_call(item: pytest.Item):
     result = yield
     known = _KNOWN.pop(item.nodeid, [])
     if known:
-        from k3num.properties import ledger_cases
+        from k3num.harness import ledger_cases
 
         parts = []
         for eid in dict.fromkeys(known):

@@ -586,8 +586,7 @@ def _bound() -> dict[str, str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    from k3num.harness import ledger_run
-    from k3num.properties import ledger_cases
+    from k3num.harness import ledger_cases, ledger_run
     from k3num.supply import installed
     from k3num.supply.fetch import PINS, pinned_files
 

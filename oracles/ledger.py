@@ -2,7 +2,7 @@
 
 Nothing is loosened for these. An entry covers, in its (engine, version,
 property test[, mode]) and the tests in `also`, only the drawn cases its rule
-names (properties/ledger_cases.py): a failing case inside is the known
+names (harness/ledger_cases.py): a failing case inside is the known
 divergence (the test is reported xfailed, naming the entry), any other failing
 case fails the test (harness/ledger_run.py). Strictness is the reproducer's:
 each entry's minimal case runs as a strict case

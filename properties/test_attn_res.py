@@ -12,8 +12,8 @@ from k3num.engines import base
 from k3num.fixtures.builders import AttnResInputs, attn_res_inputs
 from k3num.fixtures.strategies import AttnResCase, attn_res_cases
 from k3num.harness.judges import EPS, OUT_EPS, attn_res_oracle
+from k3num.harness.ledger_cases import K3N_004, K3N_005, K3N_007  # noqa: F401
 from k3num.oracles.records import judge
-from k3num.properties.ledger_cases import K3N_004, K3N_005, K3N_007  # noqa: F401
 from k3num.properties.support import DEVICE, LOW, assert_bitwise, report, round_storage, subject
 
 # each write-inside-the-mix case is run this many times: the GPU race of K3N-004/005 shows on a
@@ -24,7 +24,7 @@ WRITE_REPEATS = 4
 # xfail fails with probability 1 - (251/300)**32 > 0.99 instead of passing by luck
 FLAKY_REPEATS = 32
 # K3N-004/005's reproducers: a write inside the mixed rows with no delta (the GPU race); with K3N-007's,
-# kept with the ledger's case rules (properties/ledger_cases.py)
+# kept with the ledger's case rules (harness/ledger_cases.py)
 
 
 def _call(engine, inp: AttnResInputs, case: AttnResCase) -> torch.Tensor:

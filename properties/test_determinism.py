@@ -37,10 +37,10 @@ from k3num.fixtures.strategies import (
     tap_cases,
 )
 from k3num.fixtures.tensors import Draw
+from k3num.harness.ledger_cases import K3N_004, K3N_005, K3N_007  # the ledger's race reproducers
 from k3num.oracles import hunt
 from k3num.oracles.budgets import Budget
 from k3num.oracles.records import judge
-from k3num.properties.ledger_cases import K3N_004, K3N_005, K3N_007  # the ledger's race reproducers
 from k3num.properties.support import DEVICE, LOW, call, report, subject, up
 
 EPS, OUT_EPS = 1e-5, 1e-6

@@ -2,7 +2,7 @@
 xfailed, naming the entry); if it passes there, the finding is gone and the entry must go (this test
 fails). Where the entry's files are not the pinned bytes (a fix, a patch: `--engine-src`), the same
 case is judged plainly and must pass. The case and the test whose body runs it are in
-properties/ledger_cases.py; the entries in oracles/ledger.py."""
+harness/ledger_cases.py; the entries in oracles/ledger.py."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 
 from k3num import properties
 from k3num.engines import registry
+from k3num.harness.ledger_cases import CASES
 from k3num.harness.plugin import _engine_names
 from k3num.oracles import ledger
-from k3num.properties.ledger_cases import CASES
 from k3num.supply import fetch, installed
 
 
@@ -56,4 +56,4 @@ def test_each_ledger_reproducer_still_fails_on_the_pinned_release(entry_id: str,
     if pinned:
         pytest.fail(f"{entry_id}'s reproducer passed on the pinned bytes of {', '.join(entry.files)}: the finding is "
                     "gone (an upstream fix?); remove the entry from oracles/ledger.py and its rule from "
-                    "properties/ledger_cases.py", pytrace=False)
+                    "harness/ledger_cases.py", pytrace=False)

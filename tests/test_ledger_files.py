@@ -1,6 +1,6 @@
 """A ledger entry applies while the files it names are the pinned bytes (oracles/ledger.py `files`,
 supply.fetch.pinned_files): an edit elsewhere in the engine keeps it, an edit of its own file (a fix)
-lets the property judge plainly. And it covers the cases its rule names (properties/ledger_cases.py):
+lets the property judge plainly. And it covers the cases its rule names (harness/ledger_cases.py):
 a second bug in the same test, outside the rule, fails the test on the pinned bytes."""
 
 from __future__ import annotations
@@ -84,11 +84,11 @@ def test_an_edit_elsewhere_keeps_the_entries_and_an_edit_of_their_file_judges_pl
            "[vllm-rocm]" in own.stdout
 
 
-# ---- the entries' case rules (properties/ledger_cases.py, harness/ledger_run.py) -------------------
+# ---- the entries' case rules (harness/ledger_cases.py, harness/ledger_run.py) -------------------
 
 
 def test_every_entry_has_a_case_rule_whose_reproducer_it_covers():
-    from k3num.properties import ledger_cases
+    from k3num.harness import ledger_cases
 
     assert set(ledger_cases.CASES) == {d.id for d in ledger.LEDGER}
     for d in ledger.LEDGER:
@@ -122,7 +122,7 @@ def test_a_test_two_entries_share_lets_each_entrys_cases_pass_and_fails_the_rest
     """GPU run 35: ROCm's repeat property carries K3N-005 (a write, no delta) and K3N-007 (a delta, the
     4-source tile); judging by the first entry alone failed K3N-007's own case."""
     from k3num.harness import ledger_run
-    from k3num.properties.ledger_cases import K3N_005, K3N_007
+    from k3num.harness.ledger_cases import K3N_005, K3N_007
 
     class Rocm:
         name = "vllm-rocm"

@@ -2,7 +2,7 @@
 
 An entry's `inside(args)` says whether a drawn case of one of its tests is one its finding explains;
 `args` are the test's drawn arguments by name (`case`, `hidden`, `layers`, ...) with its parameters
-(`transfer`, `naming`). The plugin (harness/plugin.py, `_ledgered`) judges every case outside plainly,
+(`transfer`, `naming`). The plugin (harness/ledger_run.py, `ledgered`) judges every case outside plainly,
 on the pinned release too, so a second bug in the same test fails it; a failing case inside is the
 known divergence (the test is reported xfailed, naming the entry and how many cases). Where the
 finding is that the tested branch itself is wrong, every case is inside, and the rule says so.

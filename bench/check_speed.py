@@ -12,7 +12,6 @@ seconds of one run each (median of --reps).
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from k3num.harness import fixes  # noqa: E402
 from k3num.harness.check import _plugin_args  # noqa: E402
 from k3num.supply import fetch  # noqa: E402
 
@@ -48,10 +48,7 @@ def main() -> int:
             if not fetch.verified_manifest(pin):
                 print(f"[bench] {engine}: not fetched, skipped (k3num fetch {pin})", file=sys.stderr)
                 continue
-            copy = Path(tmp) / pin
-            for rel in fetch.PINS[pin].files:
-                (copy / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(fetch.source_dir(pin) / rel, copy / rel)
+            copy = fixes.pinned_tree(pin, Path(tmp) / pin)
             expr = args.k or SELECT.get(engine)
             k = ["-k", expr] if expr else []
             plain = [sys.executable, "-m", "pytest", *_plugin_args(), "--pyargs", "k3num.properties", "--engine",

@@ -38,7 +38,7 @@ def _tree(flag: str, path: str, pin: str) -> Path:
     root = Path(path).expanduser()
     if not root.is_dir():
         raise CheckError(f"{flag} {path}: not a directory")
-    missing = [f for f in fetch.PINS[pin].files if not (root / f).is_file()]
+    missing = fetch.missing_in(pin, root)
     if missing:
         raise CheckError(f"{flag} {path}: lacks the bound file(s) {', '.join(missing)} (a tree laid out like the "
                          "installed package, e.g. a checkout's root)")

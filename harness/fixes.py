@@ -261,16 +261,23 @@ def by_id(fix_id: str) -> Fix:
     raise ValueError(f"unknown fix {fix_id!r}; known: {[f.id for f in FIXES + TREE_MUTANTS + DRIFTS + PLANTED]}")
 
 
-def patched_tree(fix: Fix, dest: Path) -> Path:
-    """Copy the engine's pinned files from the hash-checked cache into `dest` and apply `fix`."""
-    src = fetch.cache_root() / f"{fix.engine}-{fetch.PINS[fix.engine].version}"
-    if not fetch.verified_manifest(fix.engine):
-        raise FixError(f"{fix.engine} is not fetched ({src}): run `k3num fetch {fix.engine}`")
+def pinned_tree(engine: str, dest: Path) -> Path:
+    """Copy the engine's pinned files from the hash-checked cache into `dest` (replaced if it exists),
+    laid out like the installed package: a tree for --engine-src, `k3num check --head`, a patch."""
+    src = fetch.cache_root() / f"{engine}-{fetch.PINS[engine].version}"
+    if not fetch.verified_manifest(engine):
+        raise FixError(f"{engine} is not fetched ({src}): run `k3num fetch {engine}`")
     if dest.exists():
         shutil.rmtree(dest)
-    for rel in fetch.PINS[fix.engine].files:
+    for rel in fetch.PINS[engine].files:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src / rel, dest / rel)
+    return dest
+
+
+def patched_tree(fix: Fix, dest: Path) -> Path:
+    """Copy the engine's pinned files from the hash-checked cache into `dest` and apply `fix`."""
+    pinned_tree(fix.engine, dest)
     for rel, edit in fix.edits:
         path = dest / rel
         path.write_text(edit(path.read_text(), rel))

@@ -148,7 +148,7 @@ def _run_side(inner, args, kwargs, side: str) -> tuple[str, str, list]:
         outcome, why = pairing.SKIP, str(e)
     except HypothesisException:
         raise  # hypothesis' own control flow (a rejected draw) and its usage errors are not outcomes
-    except (AssertionError, pytest.fail.Exception, Exception) as e:
+    except (pytest.fail.Exception, Exception) as e:  # an assertion, a refusal not raised, any error
         outcome, why = pairing.FAIL, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
     finally:
         SIDE["side"] = "head"

@@ -81,14 +81,11 @@ bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 sto
 if want check; then
     echo "== k3num check on cuda: the pinned bytes against themselves, then a planted bug"
     python - "$out/check-trees" <<'PY'
-import shutil, sys
+import sys
 from pathlib import Path
 from k3num.harness import fixes
-from k3num.supply import fetch
 root = Path(sys.argv[1])
-for rel in fetch.PINS["vllm"].files:
-    (root / "pinned" / rel).parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(fetch.source_dir("vllm") / rel, root / "pinned" / rel)
+fixes.pinned_tree("vllm", root / "pinned")
 fixes.patched_tree(fixes.by_id("mixture-scaled"), root / "bug")
 PY
     for e in ${K3NUM_CHECK_ENGINES:-vllm vllm-rocm}; do

@@ -184,7 +184,11 @@ def _pinned_manifest(pin: Pin) -> dict[str, str] | None:
 
 def missing_files(engine: str) -> list[str]:
     """The pinned files the engine's source lacks (a local tree, or a cache not fetched)."""
-    root = source_dir(engine)
+    return missing_in(engine, source_dir(engine))
+
+
+def missing_in(engine: str, root: Path) -> list[str]:
+    """The engine's pinned files missing from the tree at `root` (empty when all are there)."""
     return [f for f in PINS[engine].files if not (root / f).is_file()]
 
 

@@ -6,7 +6,6 @@ mixture bug, a tree that changed a bound contract, and the pinned bytes against 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -149,16 +148,9 @@ def _need(engine: str) -> None:
         pytest.skip(f"{engine} is not fetched (k3num fetch {engine})")
 
 
-def _pinned_copy(engine: str, dest: Path) -> Path:
-    for rel in fetch.PINS[engine].files:
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(fetch.source_dir(engine) / rel, dest / rel)
-    return dest
-
-
 def test_check_of_the_pinned_bytes_reports_nothing_new_and_no_drift_and_names_the_known(tmp_path):
     _need("tokenspeed")
-    head = _pinned_copy("tokenspeed", tmp_path / "t")
+    head = fixes.pinned_tree("tokenspeed", tmp_path / "t")
     rc, text, out = _check(tmp_path, "--engine", "tokenspeed", "--head", str(head))
     assert rc == 0, text
     assert "# k3num check: PASS" in text and "ledger K3N-006" in text
@@ -195,7 +187,7 @@ def test_check_reports_a_planted_vllm_bug_as_new_with_repro_bundles(tmp_path):
 
 def test_check_shows_a_changed_contract_as_what_the_head_cannot_run(tmp_path):
     _need("vllm")
-    head = _pinned_copy("vllm", tmp_path / "v")
+    head = fixes.pinned_tree("vllm", tmp_path / "v")
     text = (head / DSPARK_PY).read_text()
     (head / DSPARK_PY).write_text(text.replace("def _precompute_fused_context_kv(", "def _precompute_context_kv("))
     rc, out_text, _ = _check(tmp_path, "--engine", "vllm", "--head", str(head), "-k", "test_fused_context_kv_within")
@@ -216,6 +208,6 @@ def test_check_refuses_bad_input_before_running(tmp_path, capsys):
 
 def test_check_says_when_its_selection_checked_nothing(tmp_path):
     _need("tokenspeed")
-    head = _pinned_copy("tokenspeed", tmp_path / "t")
+    head = fixes.pinned_tree("tokenspeed", tmp_path / "t")
     rc, text, _ = _check(tmp_path, "--engine", "tokenspeed", "--head", str(head), "-k", "no_such_property")
     assert rc == 2 and "no property test selected by -k no_such_property" in text

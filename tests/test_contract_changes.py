@@ -4,7 +4,6 @@ missing with "contract changed: <file>: <what>" and the others still bind (engin
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 from k3num.engines import base, registry
 from k3num.engines.vllm_adapter import AMD_ATTN_RES_PY, ATTN_RES_PY, DSPARK_PY, MODEL_PY
+from k3num.harness import fixes
 from k3num.supply import fetch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,10 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     if fetch.missing_files("vllm"):
         pytest.skip("vllm 0.33.0 is not fetched here: run `k3num fetch vllm`")
-    root = tmp_path / "vllm-checkout"
-    for f in fetch.PINS["vllm"].files:
-        (root / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(fetch.source_dir("vllm") / f, root / f)
+    root = fixes.pinned_tree("vllm", tmp_path / "vllm-checkout")
     monkeypatch.setenv(fetch.ENGINE_SRC_ENV, f"vllm={root}")
     return root
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from k3num.engines import registry
+from k3num.harness import fixes
 from k3num.supply import fetch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,11 +27,7 @@ UTILS = "sglang/srt/disaggregation/utils.py"
 def sglang_tree(tmp_path: Path) -> Path:
     if fetch.missing_files("sglang"):
         pytest.skip("sglang 0.5.23 is not fetched here: run `k3num fetch sglang`")
-    tree = tmp_path / "sglang-checkout"
-    for f in fetch.PINS["sglang"].files:
-        (tree / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(fetch.source_dir("sglang") / f, tree / f)
-    return tree
+    return fixes.pinned_tree("sglang", tmp_path / "sglang-checkout")
 
 
 def _properties(tree: Path) -> subprocess.CompletedProcess[str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,10 +41,7 @@ def test_every_fix_edits_a_file_of_each_entry_it_fixes():
 def _tree(tmp_path: Path, edited: str | None) -> Path:
     if fetch.missing_files("vllm"):
         pytest.skip("vllm is not fetched (k3num fetch vllm)")
-    root = tmp_path / "vllm-tree"
-    for rel in fetch.PINS["vllm"].files:
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(fetch.source_dir("vllm") / rel, root / rel)
+    root = fixes.pinned_tree("vllm", tmp_path / "vllm-tree")
     if edited:
         with open(root / edited, "a") as fh:
             fh.write("\n# a head's one-line edit\n")

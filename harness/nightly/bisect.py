@@ -89,7 +89,7 @@ def engine_files_present(tree: Path, engine: str) -> list[str]:
     """The engine's pinned files missing from `tree` (empty when all are there)."""
     from k3num.supply import fetch
 
-    return [rel for rel in fetch.PINS[engine].files if not (tree / rel).is_file()]
+    return fetch.missing_in(engine, tree)
 
 
 # what `k3num replay` says when it judged with the bundle's own reference and budget

@@ -78,6 +78,47 @@ def pytest_command(args: argparse.Namespace, pin: str, head: Path, base: str, ou
     return cmd
 
 
+def side_command(args: argparse.Namespace, pin: str, tree: Path | None, side: str, out: Path) -> list[str]:
+    """One side of a two-process check: `tree` read as --engine-src (None: the pinned cache), in source mode
+    (taking the built ops where they load), its examples and records in `out`. The head draws (and writes
+    its bundles and out/cases.pt); the base replays the head's cases (out/../side-head/cases.pt)."""
+    cmd = [sys.executable, "-m", "pytest", *_plugin_args(), "--pyargs", "k3num.properties", "--engine", args.engine,
+           "--engine-mode", "source", "--check-side", side, "--check-out", str(out),
+           "--drift-csv", str(out / "drift.csv"), f"--hypothesis-profile={args.hypothesis_profile}",
+           "-p", "no:cacheprovider", "-q", "-rN"]
+    if tree is not None:
+        cmd += ["--engine-src", f"{pin}={tree}"]
+    if side == "head":
+        cmd += ["--repro-dir", str(out.parent / "repro")]
+    else:
+        cmd += ["--check-replay", str(out.parent / "side-head" / "cases.pt")]
+    if args.k:
+        cmd += ["-k", args.k]
+    if args.device:
+        cmd += ["--device", args.device]
+    return cmd
+
+
+def two_processes(args: argparse.Namespace, head: Path, base: str) -> str:
+    """Why the sides run in two processes ("" for one): asked for (--processes 2), or a side runs vLLM's
+    compiled ops (one process cannot register two libraries under the same op names)."""
+    if args.processes == "2":
+        return "--processes 2"
+    if args.processes == "1" or args.engine != "vllm" or not (args.device or "").startswith("cuda"):
+        return ""
+    from k3num.supply import cuda_ops
+
+    built = []
+    for name, tree in (("head", head), ("base", None if base == "pinned" else Path(base))):
+        try:
+            src = cuda_ops.sources_for(tree)
+            if cuda_ops.library_path(cuda_ops.arch(), src).is_file():
+                built.append(f"the {name}'s ({src.label})")
+        except cuda_ops.BuildError:
+            continue
+    return f"{' and '.join(built)} compiled ops are built: two libraries of the same op names" if built else ""
+
+
 def _rows(found: pd.DataFrame, drift: pd.DataFrame, engine: str) -> pd.DataFrame:
     """check.csv: one row per property test (node) and subject, the outcome counts on the node's rows."""
     merged = found.merge(drift, on="node", how="outer")
@@ -94,7 +135,31 @@ def _entry(entry_id: str) -> str:
     return f"{entry_id} ({d.upstream})" if d else entry_id
 
 
-def markdown(found: pd.DataFrame, drift: pd.DataFrame, args: argparse.Namespace, bundles: list[str]) -> str:
+def oracle_line(examples: pd.DataFrame) -> str:
+    """How often the float64 oracle ran (harness/oracle_memo.py's counts in examples.csv)."""
+    cols = ("oracle_computed", "oracle_reused", "oracle_missed")
+    if not set(cols) <= set(examples.columns):
+        return ""
+    c, r, m = (int(pd.to_numeric(examples[k], errors="coerce").fillna(0).sum()) for k in cols)
+    return (f"The float64 oracle: {c} calls computed on the head's passes, {r} answered from them on the base's "
+            f"(the same input bits), {m} computed again (inputs that differed).")
+
+
+def unexplained_unpaired(unpaired: pd.DataFrame, examples: pd.DataFrame) -> pd.DataFrame:
+    """The unpaired examples a skip does not explain. A side that skips an example skips its whole test
+    (hypothesis stops there), so the other side's later examples of that test are one-sided; any other
+    unpaired example (different drawn cases, a side that stopped) means the check could not pair it."""
+    if unpaired.empty:
+        return unpaired
+    skipped = {("head only", n) for n in examples.loc[examples["base"] == pairing.SKIP, "node"]}
+    skipped |= {("base only", n) for n in examples.loc[examples["head"] == pairing.SKIP, "node"]}
+    keep = [not (w.startswith("ran on the ") and (w[len("ran on the "):], n) in skipped)
+            for w, n in zip(unpaired["why"], unpaired["node"])]
+    return unpaired[keep]
+
+
+def markdown(found: pd.DataFrame, drift: pd.DataFrame, args: argparse.Namespace, bundles: list[str],
+             oracle: str = "", split: str = "", unpaired: pd.DataFrame | None = None) -> str:
     """check.md: new first, then what the head cannot run, drift, fixed and known."""
     short = lambda node: node.split("::", 1)[-1]  # noqa: E731
     new = found[found["new"] > 0]
@@ -106,7 +171,14 @@ def markdown(found: pd.DataFrame, drift: pd.DataFrame, args: argparse.Namespace,
     lines = [f"# k3num check: {verdict}", "",
              f"`{args.engine}`: head `{args.head}` against base `{args.base}`, profile `{args.hypothesis_profile}`"
              + (f", `-k {args.k}`" if args.k else "") + f"; {int(found['examples'].sum())} paired examples in "
-             f"{len(found)} property tests.", ""]
+             f"{len(found)} property tests." + (f" {oracle}" if oracle else "")
+             + (f" One process per side ({split}), joined by test, example and drawn case." if split else ""), ""]
+    if unpaired is not None and len(unpaired):
+        lines += ["## Not paired (could not be judged)", "", "| property test | examples | why |",
+                  "| --- | --- | --- |"]
+        for (node, why), g in unpaired.groupby(["node", "why"], sort=True):
+            lines.append(f"| `{short(node)}` | {len(g)} | {why} |")
+        lines.append("")
     lines += ["## New failures (fail on the head, pass on the base)", ""]
     if len(new):
         lines += ["| property test | new | of | first failure |", "| --- | --- | --- | --- |"]
@@ -145,6 +217,20 @@ def markdown(found: pd.DataFrame, drift: pd.DataFrame, args: argparse.Namespace,
     return "\n".join(lines) + "\n"
 
 
+def _run(cmd: list[str], env: dict, out: Path, k: str | None) -> int:
+    """Run one pytest process of the check: 0, or 2 with the reason printed."""
+    run = subprocess.run(cmd, env=env)
+    if run.returncode == 5:
+        print(f"[check] ERROR: no property test selected{f' by -k {k}' if k else ''}: nothing was checked",
+              file=sys.stderr)
+        return 2
+    if run.returncode != 0 or not (out / "examples.csv").is_file():
+        print(f"[check] ERROR: the paired run failed (pytest exit {run.returncode}); its log is above",
+              file=sys.stderr)
+        return 2
+    return 0
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     try:
         pin, head, base = validate(args)
@@ -153,22 +239,35 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("examples.csv", "records.csv", "check.md", "check.csv"):
+    for stale in ("examples.csv", "records.csv", "check.md", "check.csv", "unpaired.csv"):
         (out / stale).unlink(missing_ok=True)
-    cmd = pytest_command(args, pin, head, base, out)
-    print(f"[check] {args.engine}: head {head} against base {base}; running the paired properties", file=sys.stderr)
     env = {**os.environ, "K3NUM_ENGINE_MODE": "source"}
-    run = subprocess.run(cmd, env=env)
-    if run.returncode == 5:
-        print(f"[check] ERROR: no property test selected{f' by -k {args.k}' if args.k else ''}: nothing was checked",
+    split = two_processes(args, head, base)
+    unpaired = pd.DataFrame(columns=["node", "example", "why"])
+    if split:
+        print(f"[check] {args.engine}: head {head} against base {base}, one process each ({split})", file=sys.stderr)
+        sides = {}
+        for side, tree in (("head", head), ("base", None if base == "pinned" else Path(base))):
+            d = out / f"side-{side}"
+            print(f"[check] the {side}'s run", file=sys.stderr)
+            rc = _run(side_command(args, pin, tree, side, d), env, d, args.k)
+            if rc:
+                return rc
+            sides[side] = (pd.read_csv(d / "examples.csv", keep_default_na=False),
+                           pd.read_csv(d / "records.csv", keep_default_na=False))
+        examples, records, unpaired = pairing.join_sides(sides["head"][0], sides["base"][0], sides["head"][1],
+                                                         sides["base"][1])
+        examples.to_csv(out / "examples.csv", index=False)
+        records.to_csv(out / "records.csv", index=False)
+        unpaired.to_csv(out / "unpaired.csv", index=False)
+    else:
+        print(f"[check] {args.engine}: head {head} against base {base}; running the paired properties",
               file=sys.stderr)
-        return 2
-    if run.returncode != 0 or not (out / "examples.csv").is_file():
-        print(f"[check] ERROR: the paired run failed (pytest exit {run.returncode}); its log is above",
-              file=sys.stderr)
-        return 2
-    examples = pd.read_csv(out / "examples.csv", keep_default_na=False)
-    records = pd.read_csv(out / "records.csv", keep_default_na=False)
+        rc = _run(pytest_command(args, pin, head, base, out), env, out, args.k)
+        if rc:
+            return rc
+        examples = pd.read_csv(out / "examples.csv", keep_default_na=False)
+        records = pd.read_csv(out / "records.csv", keep_default_na=False)
     if examples.empty:
         print("[check] ERROR: no example ran on both sides (every selected test skipped?): nothing was checked",
               file=sys.stderr)
@@ -178,8 +277,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     found, drift = pairing.outcomes(examples), pairing.paired_drift(records)
     bundles = [p.name for p in (out / "repro").glob("*.safetensors")] if (out / "repro").is_dir() else []
     _rows(found, drift, args.engine).to_csv(out / "check.csv", index=False)
-    (out / "check.md").write_text(markdown(found, drift, args, bundles))
+    bad_pairs = unexplained_unpaired(unpaired, examples)
+    (out / "check.md").write_text(markdown(found, drift, args, bundles, oracle_line(examples), split, bad_pairs))
     rc = pairing.exit_code(found, drift)
+    if len(bad_pairs):
+        print(f"[check] ERROR: {len(bad_pairs)} example(s) could not be paired between the two processes "
+              f"({out / 'unpaired.csv'}; check.md lists them)", file=sys.stderr)
+        rc = rc or 2
     print(f"[check] {'FAIL' if rc else 'PASS'}: {int(found['new'].gt(0).sum())} test(s) with new failures, "
           f"{int((found['status'] == 'head cannot run').sum())} the head cannot run, "
           f"{int(found['flaky'].gt(0).sum())} flaky, {int((drift['drift'] == 'worse').sum())} drifting, "
@@ -201,4 +305,8 @@ def add_parser(sub) -> None:
     c.add_argument("-k", default=None, help="a pytest -k expression selecting properties")
     c.add_argument("--device", default=None, help="device of the small-shape properties")
     c.add_argument("--out", default="out/check", help="output directory (default out/check)")
+    c.add_argument("--processes", choices=("auto", "1", "2"), default="auto",
+                   help="1: both sides in one process, every example head then base (the oracle once per case); 2: "
+                        "one process per side, joined by (test, example, drawn case); auto (default): 2 where a "
+                        "side runs vLLM's compiled ops on cuda (`k3num build-ops`), else 1")
     c.set_defaults(func=cmd_check)

@@ -16,6 +16,9 @@ case, in one process. Registered by harness/plugin.py (`pytest_plugins`); active
   known (the base failed too) or flaky (the head passed too), not new.
 - The ledger's strict xfails are off: the check itself tells known from new (oracles/pairing.py), and
   names the entry filed for the test on the pinned release.
+- The float64 oracle runs once per case: the base's passes take the head's answers where their inputs are
+  the same bits (harness/oracle_memo.py); examples.csv counts, per example, the oracle calls computed,
+  reused and computed again because the inputs differed.
 - At the end: DIR/examples.csv and DIR/records.csv (oracles/pairing.py's two tables).
 
 Shapes: none; this module moves records, it computes nothing.
@@ -26,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,16 +41,21 @@ from hypothesis.errors import HypothesisException
 
 from k3num.engines import registry
 from k3num.engines.base import Engine
+from k3num.harness import oracle_memo, side_cases
 from k3num.oracles import pairing
 from k3num.oracles.drift import COLLECTOR
 from k3num.supply import fetch
 
 CONFIRM = 3  # reruns of the base on a case only the head failed (below)
-SIDE = {"side": "head"}  # read by properties/support.py: the base's pass neither climbs nor bundles
+# read by properties/support.py: the base's pass neither steers nor bundles; with --check-side nothing steers
+SIDE = {"side": "head", "steer": True}
 _EXAMPLES: list[dict[str, Any]] = []
 _RECORDS: list[dict[str, Any]] = []
 _COUNT: dict[str, int] = {}
 _BASES: dict[str, Engine] = {}
+_CASES: list[dict[str, Any]] = []  # the head's cases in a two-process check (harness/side_cases.py)
+_REPLAY: dict[str, list[dict[str, Any]]] = {}  # the base's: node key -> the head's cases
+_FIXTURES: dict[str, tuple[str, ...]] = {}  # node id -> its fixture arguments (not drawn by hypothesis)
 _LEDGER: dict[str, str] = {}  # node id -> the ledger entry filed for its test on the pinned release
 
 
@@ -57,22 +66,44 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "a tree, or a registered engine; the head is --engine (with its --engine-src)")
     group.addoption("--check-out", default=None, metavar="DIR",
                     help="with --check-base: write DIR/examples.csv and DIR/records.csv")
+    group.addoption("--check-side", default=None, choices=("head", "base"),
+                    help="one side of a two-process check (`k3num check` where a side runs compiled ops): the head "
+                         "draws as hypothesis does, each failure kept, not raised, and writes DIR/cases.pt; the base "
+                         "runs exactly those cases (--check-replay); DIR/examples.csv and DIR/records.csv are joined "
+                         "(oracles/pairing.join_sides)")
+    group.addoption("--check-replay", default=None, metavar="FILE",
+                    help="with --check-side base: the head's cases.pt")
 
 
 def active(config: pytest.Config) -> bool:
-    return bool(config.getoption("--check-base", None))
+    return bool(config.getoption("--check-base", None)) or solo(config) is not None
+
+
+def solo(config: pytest.Config) -> str | None:
+    """The side of a two-process check this process runs, or None."""
+    return config.getoption("--check-side", None)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if not active(config):
         return
+    flag = "--check-side" if solo(config) else "--check-base"
     if not config.getoption("--check-out", None):
-        raise pytest.UsageError("--check-base: needs --check-out DIR")
+        raise pytest.UsageError(f"{flag}: needs --check-out DIR")
+    if solo(config) and config.getoption("--check-base", None):
+        raise pytest.UsageError("--check-side runs one side alone: drop --check-base")
     if getattr(config.option, "dist", "no") != "no" or hasattr(config, "workerinput"):
-        raise pytest.UsageError("--check-base: runs in one process (drop -n/--dist)")
+        raise pytest.UsageError(f"{flag}: runs in one process (drop -n/--dist)")
+    if solo(config):
+        if (solo(config) == "base") != bool(config.getoption("--check-replay", None)):
+            raise pytest.UsageError("--check-side base replays the head's cases: it needs --check-replay FILE "
+                                    "(the head's cases.pt), and the head takes none")
+        SIDE.update(side=solo(config))
+        return
     spec = config.getoption("--check-base")
     if spec != "pinned" and not spec.startswith("engine:") and not Path(spec).is_dir():
         raise pytest.UsageError(f"--check-base {spec}: not 'pinned', 'engine:NAME' or a directory")
+    oracle_memo.install()
 
 
 @contextlib.contextmanager
@@ -107,7 +138,8 @@ def base_for(config: pytest.Config, head: Engine) -> Engine:
         pytest.skip(f"base of {head.name} unavailable: {e}")
     if "+ops" in built.mode or built.mode == "import":
         pytest.exit(f"--check-base: {head.name}'s base runs in mode {built.mode}: one process cannot hold two builds "
-                    "of the same compiled op names; run the check in source mode (--engine-mode source)", returncode=4)
+                    "of the same compiled op names; `k3num check` runs one process per side there (--check-side)",
+                    returncode=4)
     _BASES[head.name] = built
     return built
 
@@ -140,9 +172,11 @@ class _Replay:
 def _run_side(inner, args, kwargs, side: str) -> tuple[str, str, list]:
     """One pass of the example body: (outcome, why, the records it made)."""
     n0 = len(COLLECTOR.records)
+    before = SIDE["side"]
     SIDE["side"] = side
     try:
-        inner(*args, **kwargs)
+        with oracle_memo.passing(recording=side == "head"):
+            inner(*args, **kwargs)
         outcome, why = pairing.PASS, ""
     except pytest.skip.Exception as e:
         outcome, why = pairing.SKIP, str(e)
@@ -151,7 +185,7 @@ def _run_side(inner, args, kwargs, side: str) -> tuple[str, str, list]:
     except (pytest.fail.Exception, Exception) as e:  # an assertion, a refusal not raised, any error
         outcome, why = pairing.FAIL, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
     finally:
-        SIDE["side"] = "head"
+        SIDE["side"] = before
     return outcome, why, COLLECTOR.records[n0:]
 
 
@@ -171,6 +205,8 @@ def _paired(inner, config: pytest.Config):
         head_kwargs, recorders = dict(kwargs), {}
         for k in data_keys:
             recorders[k] = head_kwargs[k] = _Recorder(kwargs[k])
+        oracle_memo.new_example()
+        before = dict(oracle_memo.STATS)
         h, h_why, h_recs = _run_side(inner, args, head_kwargs, "head")
         def base_pass():
             base_kwargs = {**kwargs, "engine": base, **{k: _Replay(r.values) for k, r in recorders.items()}}
@@ -196,16 +232,98 @@ def _paired(inner, config: pytest.Config):
                         h = pairing.FLAKY
                         break
         _EXAMPLES.append({"node": node, "example": example, "head": h, "base": b, "head_why": h_why,
-                          "base_why": b_why, "ledger": _LEDGER.get(node, "")})
+                          "base_why": b_why, "ledger": _LEDGER.get(node, ""),
+                          **{f"oracle_{k}": oracle_memo.STATS[k] - before[k] for k in oracle_memo.STATS}})
+        oracle_memo.new_example()
         for side, recs in (("head", h_recs), ("base", b_recs)):
-            for i, r in enumerate(recs):
-                _RECORDS.append({"node": node, "example": example, "side": side, "index": i, "property": r.property,
-                                 "subject": r.subject, "detail": r.detail, "verdict": r.verdict,
-                                 "max_abs": r.max_abs, "budget": r.budget, "ratio": r.ratio, "seed": r.seed,
-                                 "shape": r.shape, "engine_version": r.engine_version})
+            _keep(node, example, side, recs)
 
     body._k3num_paired = True  # type: ignore[attr-defined]
     return body
+
+
+def case_key(kwargs: dict, drawn: dict) -> str:
+    """What a two-process check joins an example's sides by, beside (node, example): a digest of the
+    example's arguments (the engine left out) and of the values it drew inside its body."""
+    args = {k: v for k, v in kwargs.items() if not isinstance(v, Engine) and k not in drawn}
+    text = repr(sorted((k, repr(v)) for k, v in args.items())) + repr(sorted((k, repr(v)) for k, v in drawn.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _solo(inner):
+    """The head's side of a two-process check: the example once, its outcome and case kept (a failure is
+    run CONFIRM more times on the same case: passing once, flaky), for the base to replay."""
+    if getattr(inner, "_k3num_paired", False):
+        return inner
+
+    @functools.wraps(inner)
+    def body(*args, **kwargs):
+        engine = kwargs.get("engine")
+        if not isinstance(engine, Engine):
+            return inner(*args, **kwargs)
+        node = COLLECTOR.node
+        data_keys = [k for k, v in kwargs.items() if hasattr(v, "draw") and type(v).__name__ == "DataObject"]
+        given = copy.deepcopy({k: v for k, v in kwargs.items()
+                               if k not in _FIXTURES.get(node, ("engine",)) and k not in data_keys})
+        first, recorders = dict(kwargs), {}
+        for k in data_keys:
+            recorders[k] = first[k] = _Recorder(kwargs[k])
+        outcome, why, recs = _run_side(inner, args, first, "head")  # a rejected draw raises through
+        example = _COUNT[node] = _COUNT.get(node, 0) + 1
+        drawn = {k: r.values for k, r in recorders.items()}
+        _CASES.append({"key": pairing.node_key(node, engine.name), "example": example, "given": given,
+                       "drawn": drawn})
+        if outcome == pairing.FAIL:
+            for _ in range(CONFIRM):
+                again, _why, _recs = _run_side(inner, args, {**kwargs, **{
+                    k: _Replay(r.values) for k, r in recorders.items()}}, "rerun")
+                if again == pairing.PASS:
+                    outcome = pairing.FLAKY
+                    break
+        _EXAMPLES.append({"node": node, "example": example, "side": "head", "engine": engine.name,
+                          "outcome": outcome, "why": why, "ledger": _LEDGER.get(node, ""),
+                          "case": case_key(given, drawn)})
+        _keep(node, example, "head", recs)
+        if outcome == pairing.SKIP:
+            pytest.skip(why)
+
+    body._k3num_paired = True  # type: ignore[attr-defined]
+    return body
+
+
+def _replay_base(item: pytest.Function) -> None:
+    """The base's side: exactly the head's cases of this test, in order, on the base engine (no hypothesis
+    generation: the base's process cannot be relied on to draw what the head's did)."""
+    funcargs = {a: item.funcargs[a] for a in item._fixtureinfo.argnames}
+    engine = funcargs["engine"]
+    h = getattr(item.obj, "hypothesis", None)
+    inner = h.inner_test if h is not None else item.obj
+    node = item.nodeid
+    cases = _REPLAY.get(pairing.node_key(node, engine.name))
+    if not cases:
+        pytest.skip("the head's run drew no case of this test (it did not run there)")
+    outcomes = []
+    for c in cases:
+        kwargs = {**funcargs, **copy.deepcopy(c["given"]), **{k: _Replay(v) for k, v in c["drawn"].items()}}
+        try:
+            outcome, why, recs = _run_side(inner, (), kwargs, "base")
+        except HypothesisException as e:  # the base rejected (assume) a case the head accepted
+            outcome, why, recs = pairing.SKIP, f"rejected on the base: {type(e).__name__}", []
+        _EXAMPLES.append({"node": node, "example": c["example"], "side": "base", "engine": engine.name,
+                          "outcome": outcome, "why": why, "ledger": _LEDGER.get(node, ""),
+                          "case": case_key(c["given"], c["drawn"])})
+        _keep(node, c["example"], "base", recs)
+        outcomes.append((outcome, why))
+    if all(o == pairing.SKIP for o, _ in outcomes):
+        pytest.skip(outcomes[0][1])
+
+
+def _keep(node: str, example: int, side: str, recs: list) -> None:
+    for i, r in enumerate(recs):
+        _RECORDS.append({"node": node, "example": example, "side": side, "index": i, "property": r.property,
+                         "subject": r.subject, "detail": r.detail, "verdict": r.verdict,
+                         "max_abs": r.max_abs, "budget": r.budget, "ratio": r.ratio, "seed": r.seed,
+                         "shape": r.shape, "engine_version": r.engine_version})
 
 
 @pytest.hookimpl(trylast=True)
@@ -213,9 +331,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not active(config):
         return
     for item in items:
+        _FIXTURES[item.nodeid] = tuple(getattr(getattr(item, "_fixtureinfo", None), "argnames", ()))
+    if solo(config) == "base":
+        try:
+            _REPLAY.update(side_cases.read(config.getoption("--check-replay")))
+        except side_cases.CasesError as e:
+            raise pytest.UsageError(f"--check-replay: {e}") from None
+    if solo(config) == "base":
+        return  # the base replays the head's cases (pytest_pyfunc_call), hypothesis does not draw
+    wrap = _solo if solo(config) else functools.partial(_paired, config=config)
+    for item in items:
         h = getattr(getattr(item, "obj", None), "hypothesis", None)
         if h is not None and hasattr(h, "inner_test"):
-            h.inner_test = _paired(h.inner_test, config)
+            h.inner_test = wrap(h.inner_test)
         entry = getattr(item, "k3num_check_ledger", "")
         if entry:
             _LEDGER[item.nodeid] = entry
@@ -223,13 +351,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function):
-    """A property test without hypothesis (one fixed case) is paired the same way."""
-    if not active(pyfuncitem.config) or hasattr(pyfuncitem.obj, "hypothesis"):
+    """A property test without hypothesis (one fixed case) is paired the same way; the base's side of a
+    two-process check replays the head's cases of every test."""
+    if not active(pyfuncitem.config):
+        return None
+    if solo(pyfuncitem.config) == "base" and isinstance(pyfuncitem.funcargs.get("engine"), Engine):
+        _replay_base(pyfuncitem)
+        return True
+    if hasattr(pyfuncitem.obj, "hypothesis"):
         return None
     funcargs = {a: pyfuncitem.funcargs[a] for a in pyfuncitem._fixtureinfo.argnames}
     if not isinstance(funcargs.get("engine"), Engine):
         return None
-    _paired(pyfuncitem.obj, pyfuncitem.config)(**funcargs)
+    (_solo(pyfuncitem.obj) if solo(pyfuncitem.config) else _paired(pyfuncitem.obj, pyfuncitem.config))(**funcargs)
     return True
 
 
@@ -238,6 +372,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     out = Path(session.config.getoption("--check-out"))
     out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(_EXAMPLES, columns=list(pairing.EXAMPLE_COLUMNS)).to_csv(out / "examples.csv", index=False)
+    if solo(session.config) == "head":
+        side_cases.write(out / "cases.pt", _CASES)
+    memo = [f"oracle_{k}" for k in oracle_memo.STATS]
+    columns = pairing.SIDE_COLUMNS if solo(session.config) else (*pairing.EXAMPLE_COLUMNS, *memo)
+    pd.DataFrame(_EXAMPLES, columns=list(columns)).to_csv(out / "examples.csv", index=False)
     pd.DataFrame(_RECORDS, columns=[*pairing.RECORD_COLUMNS, "engine_version"]).to_csv(out / "records.csv",
                                                                                        index=False)

@@ -602,7 +602,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 h.inner_test = isolation.releasing(h.inner_test)
 
     applies: dict[str, bool] = {}  # entry id -> its files are the pinned bytes here
-    checking = bool(config.getoption("--check-base", None))  # k3num check: the pairing tells known from new
+    # k3num check (either form): the pairing tells known from new
+    checking = bool(config.getoption("--check-base", None) or config.getoption("--check-side", None))
     for item in ours:  # known divergences: strict xfail, so an upstream fix turns the case red
         callspec = getattr(item, "callspec", None)
         name = callspec.params.get("engine") if callspec else None

@@ -44,6 +44,8 @@ EXAMPLE_COLUMNS = ("node", "example", "head", "base", "head_why", "base_why", "l
 RECORD_COLUMNS = ("node", "example", "side", "index", "property", "subject", "detail", "verdict", "max_abs",
                   "budget", "ratio", "seed", "shape")
 PASS, FAIL, SKIP, FLAKY = "pass", "fail", "skip", "flaky"
+# one side of a two-process check (harness/pairing_run.py --check-side): `case` digests the drawn arguments
+SIDE_COLUMNS = ("node", "example", "side", "engine", "outcome", "why", "ledger", "case")
 
 
 def sign_test_p(worse: int, better: int) -> float:
@@ -60,6 +62,66 @@ def _require(frame: pd.DataFrame, columns: tuple[str, ...], what: str) -> None:
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise ValueError(f"{what}: missing columns {missing}")
+
+
+def join_sides(head: pd.DataFrame, base: pd.DataFrame, head_records: pd.DataFrame,
+               base_records: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """A two-process check's sides as one process's tables: (examples, records, unpaired).
+
+    The sides are joined by (node, example), the node with its engine parameter read as one name (the
+    head's node is kept): the base's process ran the head's cases (harness/side_cases.py), in order. An
+    example is paired only where both sides ran it and their `case` digests agree (the
+    same drawn arguments); the rest are `unpaired`, one row each with why, never judged. A head's flaky
+    failure where the base failed too is the base's failure (known), as the one-process check's rerun of
+    the base would find."""
+    for frame, what in ((head, "head examples"), (base, "base examples")):
+        _require(frame, SIDE_COLUMNS, what)
+    for frame, what in ((head_records, "head records"), (base_records, "base records")):
+        _require(frame, RECORD_COLUMNS, what)
+    keys = ["node", "example"]
+    head, base = head.assign(key=_engine_free(head)), base.assign(key=_engine_free(base))
+    heads = dict(zip(head["key"], head["node"]))
+    both = head.drop(columns="node").merge(base.drop(columns="node"), on=["key", "example"], how="outer",
+                                           suffixes=("_head", "_base"), indicator=True)
+    both["node"] = [heads.get(k, k) for k in both["key"]]
+    only = both["_merge"] != "both"
+    differ = ~only & (both["case_head"] != both["case_base"])
+    unpaired = both[only | differ].assign(why=lambda f: f["_merge"].map(
+        {"left_only": "ran on the head only", "right_only": "ran on the base only"}).where(
+        f["_merge"] != "both", "the sides drew different cases"))[[*keys, "why"]]
+    paired = both[~(only | differ)]
+    h = paired["outcome_head"].where(~((paired["outcome_head"] == FLAKY) & (paired["outcome_base"] == FAIL)), FAIL)
+    examples = pd.DataFrame({
+        "node": paired["node"], "example": paired["example"], "head": h, "base": paired["outcome_base"],
+        "head_why": paired["why_head"], "base_why": paired["why_base"],
+        "ledger": paired["ledger_head"].where(paired["ledger_head"] != "", paired["ledger_base"]),
+    }, columns=list(EXAMPLE_COLUMNS)).reset_index(drop=True)
+    ok = set(zip(paired["key"], paired["example"].astype(int)))
+    out = []
+    for frame, side, names in ((head_records, "head", head), (base_records, "base", base)):
+        engine_of = dict(zip(names["node"], names["engine"]))
+        key = [node_key(n, engine_of.get(n, "")) for n in frame["node"]]
+        keep = [(k, int(e)) in ok for k, e in zip(key, frame["example"])]
+        out.append(frame.assign(side=side, node=[heads.get(k, k) for k in key])[keep])
+    records = pd.concat(out, ignore_index=True)
+    return examples, records.reset_index(drop=True), unpaired.reset_index(drop=True)
+
+
+def node_key(node: str, engine: str) -> str:
+    """A node id with its engine parameter (`[NAME]`, `[NAME-...]`, `[...-NAME]`, `[...-NAME-...]`) as `{engine}`."""
+    name, bracket, params = node.partition("[")
+    if not bracket or not engine:
+        return node
+    parts = params[:-1].split("-") if params.endswith("]") else params.split("-")
+    width = len(engine.split("-"))
+    for i in range(len(parts) - width + 1):
+        if "-".join(parts[i:i + width]) == engine:
+            return f"{name}[{'-'.join([*parts[:i], '{engine}', *parts[i + width:]])}]"
+    return node
+
+
+def _engine_free(frame: pd.DataFrame) -> list[str]:
+    return [node_key(n, e) for n, e in zip(frame["node"], frame["engine"])]
 
 
 def outcomes(examples: pd.DataFrame) -> pd.DataFrame:

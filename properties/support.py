@@ -90,7 +90,7 @@ def report(record: Record, *, climb: bool = True) -> Record:
     if "actual" in record.extra:
         record = dataclasses.replace(record, extra={})
     COLLECTOR.add(record)
-    if climb and head and math.isfinite(record.ratio) and currently_in_test_context():
+    if climb and head and pairing_run.SIDE["steer"] and math.isfinite(record.ratio) and currently_in_test_context():
         part = record.detail.split(";")[0]
         target(record.ratio, label=f"{record.property}:{record.subject}:{part}")
     assert record.verdict != FAIL, failure_message(record)

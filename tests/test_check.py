@@ -109,6 +109,10 @@ def test_the_mirror_against_itself_pairs_every_example_and_finds_nothing(tmp_pat
     assert (drift["drift"] == "same").all() and (drift["worse"] + drift["better"] == 0).all()  # every pair ties
     head, base = records[records["side"] == "head"], records[records["side"] == "base"]
     assert len(head) == len(base) > 0 and head["seed"].tolist() == base["seed"].tolist()  # the same cases
+    examples = pd.read_csv(tmp_path / "out" / "examples.csv")
+    # the oracle ran once per case: every base pass was answered from its head's (harness/oracle_memo.py)
+    assert examples["oracle_computed"].sum() > 0 and examples["oracle_missed"].sum() == 0
+    assert (examples["oracle_reused"] == examples["oracle_computed"]).all(), examples.to_string()
 
 
 def test_a_within_budget_drift_is_flagged_by_the_pairing_and_passes_plainly(tmp_path):
@@ -211,3 +215,74 @@ def test_check_says_when_its_selection_checked_nothing(tmp_path):
     head = fixes.pinned_tree("tokenspeed", tmp_path / "t")
     rc, text, _ = _check(tmp_path, "--engine", "tokenspeed", "--head", str(head), "-k", "no_such_property")
     assert rc == 2 and "no property test selected by -k no_such_property" in text
+
+
+# ---- two processes: the base replays the head's cases ------------------------------------------
+
+
+def _sides(tmp_path: Path, head: str, base: str, *select: str) -> tuple[pd.DataFrame, ...]:
+    """The two-process form on the mirror: the head's process draws, the base's replays; joined."""
+    common = ["-p", "tests.mutants", "-p", "no:cacheprovider", "-q", "--hypothesis-profile=ci"]
+    frames = {}
+    for side, engine in (("head", head), ("base", base)):
+        out = tmp_path / side
+        extra = ["--check-replay", str(tmp_path / "head" / "cases.pt")] if side == "base" else []
+        r = subprocess.run([sys.executable, "-m", "pytest", *select, *common, "--engine", engine, "--check-side", side,
+                            "--check-out", str(out), *extra], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+        frames[side] = (pd.read_csv(out / "examples.csv", keep_default_na=False),
+                        pd.read_csv(out / "records.csv", keep_default_na=False))
+    return pairing.join_sides(frames["head"][0], frames["base"][0], frames["head"][1], frames["base"][1])
+
+
+def test_two_processes_pair_every_case_and_find_what_one_process_finds(tmp_path):
+    """A mutant head in its own process against the mirror in another: every head case runs on the base
+    (none unpaired), the mutant's test is new with its drift, the other tests are the same. The base's
+    process could not be trusted to draw the head's cases itself: hypothesis also draws from the
+    constants of the local modules loaded, and the two processes load different engine code."""
+    examples, records, unpaired = _sides(tmp_path, "mutant-unsharded_taps_concatenated_token_major", "mirror",
+                                         "properties/test_partial_projection.py")
+    assert unpaired.empty, unpaired.to_string()
+    found, drift = pairing.outcomes(examples), pairing.paired_drift(records)
+    status = dict(zip([n.split("::")[1].split("[")[0] for n in found["node"]], found["status"]))
+    assert status.pop("test_unsharded_projection_within_rounding_budget_of_oracle") == "new"
+    assert set(status.values()) == {"same"} and len(found) == 9
+    assert drift.loc[drift["node"].str.contains("test_unsharded_projection"), "drift"].tolist() == ["worse"]
+    head, base = records[records["side"] == "head"], records[records["side"] == "base"]
+    assert head[["seed", "shape"]].values.tolist() == base[["seed", "shape"]].values.tolist()
+    assert (examples["node"].str.contains("mutant-unsharded")).all()  # the head's node ids are kept
+
+
+def test_two_processes_replay_values_drawn_inside_a_body(tmp_path):
+    examples, records, unpaired = _sides(
+        tmp_path, "mirror", "mirror",
+        "properties/test_determinism.py::test_repeated_calls_on_identical_inputs_are_bitwise_identical")
+    assert unpaired.empty and len(examples) > 0 and (pairing.outcomes(examples)["status"] == "same").all()
+
+
+def test_check_in_two_processes_agrees_with_one_on_the_pinned_bytes(tmp_path):
+    _need("tokenspeed")
+    head = fixes.pinned_tree("tokenspeed", tmp_path / "t")
+    rc, text, out = _check(tmp_path, "--engine", "tokenspeed", "--head", str(head), "--processes", "2")
+    assert rc == 0, text
+    assert "One process per side (--processes 2)" in text and "ledger K3N-006" in text
+    assert pd.read_csv(out / "unpaired.csv").empty and (out / "side-head" / "cases.pt").is_file()
+
+
+def test_two_processes_are_taken_where_a_side_runs_built_ops(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from k3num.harness import check
+    from k3num.supply import cuda_ops
+
+    args = SimpleNamespace(processes="auto", engine="vllm", device="cuda")
+    monkeypatch.setattr(cuda_ops, "arch", lambda: "90")
+    monkeypatch.setattr(cuda_ops, "sources_for",
+                        lambda tree: SimpleNamespace(label="0.33.0+local" if tree else "0.33.0"))
+    monkeypatch.setattr(cuda_ops, "library_path", lambda a, src: tmp_path / f"{src.label}.so")
+    assert check.two_processes(args, tmp_path, "pinned") == ""  # nothing built: one process
+    (tmp_path / "0.33.0.so").write_bytes(b"")
+    assert "the base's (0.33.0) compiled ops are built" in check.two_processes(args, tmp_path, "pinned")
+    assert check.two_processes(SimpleNamespace(**{**vars(args), "device": None}), tmp_path, "pinned") == ""
+    assert check.two_processes(SimpleNamespace(**{**vars(args), "engine": "sglang"}), tmp_path, "pinned") == ""
+    assert check.two_processes(SimpleNamespace(**{**vars(args), "processes": "1"}), tmp_path, "pinned") == ""

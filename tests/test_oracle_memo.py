@@ -1,0 +1,87 @@
+"""The check's oracle memo (harness/oracle_memo.py): a base's pass is answered from the head's only on
+the same input bits, and the answer is the oracle's own."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from k3num.harness import oracle_memo
+from k3num.refmodel import partial_projection
+
+
+@dataclasses.dataclass
+class _Spec:
+    w: torch.Tensor
+    eps: float
+
+
+def test_same_compares_tensor_bits_not_values():
+    a = torch.tensor([0.0, float("nan"), 1.0], dtype=torch.float64)
+    assert oracle_memo.same(a, a.clone())  # a NaN is the same as its own bits
+    assert not oracle_memo.same(a, torch.tensor([-0.0, float("nan"), 1.0], dtype=torch.float64))  # -0.0 is not 0.0
+    assert not oracle_memo.same(a, a.float())  # dtype
+    assert not oracle_memo.same(a, a[None])  # shape
+    assert not oracle_memo.same(torch.ones(2), torch.ones(2).to(torch.bfloat16))
+    assert oracle_memo.same(torch.ones(2, 3, dtype=torch.bfloat16).t(), torch.ones(3, 2, dtype=torch.bfloat16))
+
+
+def test_same_walks_dataclasses_and_containers():
+    s = _Spec(torch.ones(3), 1e-5)
+    assert oracle_memo.same((s, [1, "a"], {"k": torch.zeros(1)}), (_Spec(torch.ones(3), 1e-5), [1, "a"],
+                                                                        {"k": torch.zeros(1)}))
+    assert not oracle_memo.same(s, _Spec(torch.ones(3), 1e-6))
+    assert not oracle_memo.same(s, _Spec(torch.tensor([1.0, 1.0, 1.0 + 2 ** -20]), 1e-5))
+    assert not oracle_memo.same([1, 2], (1, 2))
+
+
+@pytest.fixture
+def memo():
+    oracle_memo.install()
+    oracle_memo.new_example()
+    yield oracle_memo
+    oracle_memo.uninstall()
+
+
+def _inputs(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(3, 4, 16, generator=g, dtype=torch.float64), torch.randn(8, 48, generator=g,
+            dtype=torch.float64), torch.randn(8, generator=g, dtype=torch.float64))
+
+
+def test_a_replayed_pass_reuses_the_heads_answer_only_on_the_same_bits(memo):
+    real = partial_projection.project_context.__wrapped_oracle__
+    taps, fc, norm = _inputs(0)
+    before = dict(memo.STATS)
+    with memo.passing(recording=True):
+        want = partial_projection.project_context(taps, fc, norm, 1e-5)
+    with memo.passing(recording=False):
+        same = partial_projection.project_context(taps.clone(), fc.clone(), norm.clone(), 1e-5)
+        same.fill_(7.0)  # the caller owns what it gets: the kept answer is a copy
+    with memo.passing(recording=False):
+        again = partial_projection.project_context(taps.clone(), fc.clone(), norm.clone(), 1e-5)
+        flipped = taps.clone()
+        flipped.view(torch.int64)[0, 0, 0] ^= 1  # one bit of one input
+        other = partial_projection.project_context(flipped, fc, norm, 1e-5)
+    assert torch.equal(again, want)
+    assert torch.equal(other, real(flipped, fc, norm, 1e-5))
+    got = {k: memo.STATS[k] - before[k] for k in memo.STATS}
+    assert got == {"computed": 1, "reused": 2, "missed": 1}, got  # the flipped bit was computed, not reused
+
+
+def test_outside_a_pass_the_oracle_computes_plainly(memo):
+    taps, fc, norm = _inputs(1)
+    before = dict(memo.STATS)
+    out = partial_projection.project_context(taps, fc, norm, 1e-5)
+    real = partial_projection.project_context.__wrapped_oracle__
+    assert torch.equal(out, real(taps, fc, norm, 1e-5)) and memo.STATS == before
+
+
+def test_uninstall_restores_every_entry_point(memo):
+    import importlib
+    memo.uninstall()
+    for module, name in memo.ORACLES:
+        assert not hasattr(getattr(importlib.import_module(module), name), "__wrapped_oracle__")
+    memo.install()

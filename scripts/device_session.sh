@@ -8,7 +8,13 @@
 #     K3NUM_ENGINE_CACHE=$PWD/engine-cache k3num fetch
 #   and carry engine-cache/ without its wheels/ folder (about 0.5 MB).
 # Usage: scripts/device_session.sh OUT [PARTS]
-#   PARTS: comma-separated, any of ops,bench,race,k3,small,hunt,sanitize,golden,k3det,scale,stores,isolation,csrc,check
+#   PARTS: comma-separated, any of ops,bench,race,k3,small,hunt,sanitize,golden,k3det,scale,stores,isolation,csrc,check,
+#   checkops
+#   `checkops` runs `k3num check` on vLLM's built ops (one process per side): the pinned files against the pinned
+#   release, a checkout whose csrc/ was rebuilt (a comment added to cache_kernels.cu: nothing new, and the time
+#   it adds is its build), and that checkout with a bug planted in the grouped cache insert (the last k_pe
+#   element of every entry not written: new). OUT/checkops.md is the table (K3NUM_CHECKOPS_K, the -k selection;
+#   K3NUM_CHECKOPS_TIMEOUT seconds per check, default 150).
 #   `check` runs `k3num check` on cuda (Triton natively): the pinned vLLM bytes against themselves on the attn_res
 #   properties, where the write races K3N-004/005/007 live (nothing new may be reported), a planted mixture bug
 #   (harness/fixes.py mixture-scaled: new), and bench/check_speed.py (check against a plain run).
@@ -56,8 +62,8 @@ out=${1:?usage: scripts/device_session.sh OUT [PARTS]}
 parts=",${2:-bench,race,k3,small},"
 want() { [[ "$parts" == *",$1,"* ]]; }
 for p in ${parts//,/ }; do
-    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check) ;;
-        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check)"
+    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops) ;;
+        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops)"
            exit 2;; esac
 done
 mkdir -p "$out"
@@ -77,7 +83,7 @@ small_engines=${K3NUM_SMALL_ENGINES:-vllm vllm-rocm sglang tokenspeed}
 for e in vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
-bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0
+bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0
 if want check; then
     echo "== k3num check on cuda: the pinned bytes against themselves, then a planted bug"
     python - "$out/check-trees" <<'PY'
@@ -106,6 +112,41 @@ PY
     [ "$(grep -c 'pinned: exit 0 (want 0)' "$out/check.txt")" -eq "$(echo ${K3NUM_CHECK_ENGINES:-vllm vllm-rocm} | wc -w)" ] || check=1
     python bench/check_speed.py --engines vllm -k "${K3NUM_CHECK_BENCH_K:-attn_res}" 2>/dev/null | tee -a "$out/check.txt"
     rm -rf "$out/check-trees" "$out"/check-*/repro
+fi
+if want checkops; then
+    echo "== k3num check on vLLM's built ops: the pinned csrc, a checkout's rebuilt csrc, a bug planted in it"
+    [ -f "$K3NUM_ENGINE_CACHE/vllm-0.33.0-csrc/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/vllm-0.33.0-csrc (carry it)"; exit 2; }
+    trees=/tmp/k3num-checkops; rm -rf "$trees"; mkdir -p "$trees"
+    python -c "import sys; from pathlib import Path; from k3num.harness import fixes; fixes.pinned_tree('vllm', Path(sys.argv[1]))" "$trees/pinned"
+    cp -r "$trees/pinned" "$trees/checkout"; cp -r "$K3NUM_ENGINE_CACHE/vllm-0.33.0-csrc/csrc" "$trees/checkout/csrc"
+    echo "// a head's edit (k3num device_session checkops)" >> "$trees/checkout/csrc/cache_kernels.cu"
+    cp -r "$trees/checkout" "$trees/bug"
+    # the planted bug: the grouped insert writes pe_dim - 1 elements of k_pe, not pe_dim
+    sed -i 's/copy(k_pe_layer, k_pe_token_stride, pe_dim, kv_lora_rank);/copy(k_pe_layer, k_pe_token_stride, pe_dim - 1, kv_lora_rank);/' \
+        "$trees/bug/csrc/cache_kernels.cu"
+    grep -q "pe_dim - 1, kv_lora_rank" "$trees/bug/csrc/cache_kernels.cu" || { echo "checkops: the plant did not apply"; checkops=1; }
+    sel=${K3NUM_CHECKOPS_K:-context_kv and not k3_shapes}
+    timed() {  # label, command...: run, log, and append "label | exit | seconds" to the table
+        local label=$1; shift; local t0; t0=$(date +%s)
+        timeout -s INT "${K3NUM_CHECKOPS_TIMEOUT:-150}" "$@" > "$out/checkops-$label.log" 2>&1
+        local rc=$?; echo "| $label | $rc | $(( $(date +%s) - t0 )) |" >> "$out/checkops.md"; tail -n 3 "$out/checkops-$label.log"
+        return $rc
+    }
+    printf '| step | exit | s |\n| --- | --- | --- |\n' > "$out/checkops.md"
+    timed build-pinned python -m k3num.harness.cli build-ops --jobs "$(nproc)"
+    timed check-pinned python -m k3num.harness.cli check --engine vllm --head "$trees/pinned" -k "$sel" --device cuda \
+        --out "$out/checkops-pinned"; [ $? -eq 0 ] || checkops=1
+    timed build-checkout python -m k3num.harness.cli build-ops --jobs "$(nproc)" --engine-src "vllm=$trees/checkout"
+    timed check-checkout python -m k3num.harness.cli check --engine vllm --head "$trees/checkout" -k "$sel" --device cuda \
+        --out "$out/checkops-checkout"; [ $? -eq 0 ] || checkops=1
+    timed build-bug python -m k3num.harness.cli build-ops --jobs "$(nproc)" --engine-src "vllm=$trees/bug"
+    timed check-bug python -m k3num.harness.cli check --engine vllm --head "$trees/bug" -k "$sel" --device cuda \
+        --out "$out/checkops-bug"; [ $? -eq 1 ] || checkops=1
+    for d in pinned checkout bug; do
+        { echo; echo "### check-$d"; sed -n '1,12p' "$out/checkops-$d/check.md" 2>/dev/null; } >> "$out/checkops.md"
+        rm -rf "$out/checkops-$d/repro" "$out/checkops-$d/side-head/cases.pt"
+    done
+    cat "$out/checkops.md"
 fi
 if want stores; then
     echo "== bf16 stores of the pinned Triton kernels on stored inputs"
@@ -259,5 +300,5 @@ if [ -n "$k3_pid" ]; then wait "$k3_pid"; k3=$?; cat "$out/k3.log"; fi
 if [ -n "$small_pid" ]; then wait "$small_pid"; small=$?; cat "$out/small.log"; fi
 dirs=(); for d in k3 small; do [ -d "$out/$d" ] && dirs+=("$d"); done
 [ ${#dirs[@]} -gt 0 ] && tar czf "$out/properties.tgz" -C "$out" "${dirs[@]}"
-echo "device_session: check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
-[ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]
+echo "device_session: checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
+[ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]

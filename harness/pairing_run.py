@@ -337,16 +337,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             _REPLAY.update(side_cases.read(config.getoption("--check-replay")))
         except side_cases.CasesError as e:
             raise pytest.UsageError(f"--check-replay: {e}") from None
-    if solo(config) == "base":
-        return  # the base replays the head's cases (pytest_pyfunc_call), hypothesis does not draw
     wrap = _solo if solo(config) else functools.partial(_paired, config=config)
     for item in items:
-        h = getattr(getattr(item, "obj", None), "hypothesis", None)
-        if h is not None and hasattr(h, "inner_test"):
-            h.inner_test = wrap(h.inner_test)
         entry = getattr(item, "k3num_check_ledger", "")
         if entry:
             _LEDGER[item.nodeid] = entry
+        h = getattr(getattr(item, "obj", None), "hypothesis", None)
+        # the base of two processes replays the head's cases (pytest_pyfunc_call): hypothesis does not draw
+        if h is not None and hasattr(h, "inner_test") and solo(config) != "base":
+            h.inner_test = wrap(h.inner_test)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -90,6 +90,7 @@ def join_sides(head: pd.DataFrame, base: pd.DataFrame, head_records: pd.DataFram
         {"left_only": "ran on the head only", "right_only": "ran on the base only"}).where(
         f["_merge"] != "both", "the sides drew different cases"))[[*keys, "why"]]
     paired = both[~(only | differ)]
+    paired = paired[~((paired["outcome_head"] == SKIP) & (paired["outcome_base"] == SKIP))]  # neither ran it
     h = paired["outcome_head"].where(~((paired["outcome_head"] == FLAKY) & (paired["outcome_base"] == FAIL)), FAIL)
     examples = pd.DataFrame({
         "node": paired["node"], "example": paired["example"], "head": h, "base": paired["outcome_base"],
@@ -108,7 +109,11 @@ def join_sides(head: pd.DataFrame, base: pd.DataFrame, head_records: pd.DataFram
 
 
 def node_key(node: str, engine: str) -> str:
-    """A node id with its engine parameter (`[NAME]`, `[NAME-...]`, `[...-NAME]`, `[...-NAME-...]`) as `{engine}`."""
+    """A node id with its engine parameter (`[NAME]`, `[NAME-...]`, `[...-NAME]`, `[...-NAME-...]`) as `{engine}`,
+    and its file by its name alone (each process's rootdir sets the folders: `k3num/properties/test_x.py` in
+    one is `test_x.py` in another)."""
+    file, sep, rest = node.partition("::")
+    node = f"{file.rsplit('/', 1)[-1]}{sep}{rest}"
     name, bracket, params = node.partition("[")
     if not bracket or not engine:
         return node

@@ -286,3 +286,22 @@ def test_two_processes_are_taken_where_a_side_runs_built_ops(tmp_path, monkeypat
     assert check.two_processes(SimpleNamespace(**{**vars(args), "device": None}), tmp_path, "pinned") == ""
     assert check.two_processes(SimpleNamespace(**{**vars(args), "engine": "sglang"}), tmp_path, "pinned") == ""
     assert check.two_processes(SimpleNamespace(**{**vars(args), "processes": "1"}), tmp_path, "pinned") == ""
+
+
+def test_the_join_reads_a_node_by_its_file_name_and_its_engine_as_one_name():
+    """Each process's rootdir sets the folders of its node ids (measured: `k3num/properties/test_x.py`
+    in the head's, `test_x.py` in the base's, under --pyargs); the engine parameter differs by design."""
+    key = pairing.node_key
+    assert key("k3num/properties/test_x.py::t[vllm]", "vllm") == key("test_x.py::t[vllm]", "vllm")
+    assert key("test_x.py::t[vllm]", "vllm") == "test_x.py::t[{engine}]"
+    assert key("p/test_x.py::t[mutant-a-b-bf16]", "mutant-a-b") == key("test_x.py::t[mirror-bf16]", "mirror")
+    assert key("test_x.py::t[vllm-rocm]", "vllm") == "test_x.py::t[{engine}-rocm]"  # a part of a name is a name
+    assert key("test_x.py::t[vllm-rocm]", "vllm-rocm") == "test_x.py::t[{engine}]"
+    row = {"example": 1, "outcome": "pass", "why": "", "ledger": "", "case": "c"}
+    head = pd.DataFrame([{**row, "node": "k3num/properties/test_x.py::t[vllm]", "side": "head", "engine": "vllm"}])
+    base = pd.DataFrame([{**row, "node": "test_x.py::t[vllm]", "side": "base", "engine": "vllm"}])
+    empty = pd.DataFrame(columns=list(pairing.RECORD_COLUMNS))
+    examples, _, unpaired = pairing.join_sides(head, base, empty, empty)
+    assert unpaired.empty and examples["node"].tolist() == ["k3num/properties/test_x.py::t[vllm]"]
+    examples, _, unpaired = pairing.join_sides(head, base.assign(case="other"), empty, empty)
+    assert examples.empty and unpaired["why"].tolist() == ["the sides drew different cases"]

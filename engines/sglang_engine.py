@@ -15,12 +15,16 @@ globals; the layer objects the adapter passes in stay stand-ins (named in
   function), exposed as the `transfer_pairs` contract.
 - `sglang/kernels/ops/speculative/dspark/fused_kv_write.py::fused_kv_norm_rope_write`
   (Triton) as DRAFT_CONTEXT_KV, fed by `kv_proj_only`.
+- the released draft-KV transfer (`mooncake/conn.py`: `send_kvcache`, `_send_kvcache_generic`,
+  `_state_stride_mismatch`, the worker's routing rule; `common/conn.py`'s PP slice), lifted and run
+  on synthetic pointers (engines/sglang_transfer.py), as the `kv_transfer` contract.
 Not bound yet, each skipped with this reason: DFlash `project_target_hidden` /
 `kv_proj_only`.
 """
 
 from __future__ import annotations
 
+import functools
 import types
 from collections import deque
 from pathlib import Path
@@ -73,7 +77,7 @@ def build() -> base.Engine:
         raise EngineUnavailable(f"sglang {PIN.version}: {e}") from e
     m = fetch.verified_manifest("sglang")
     return _engine(fetch.version_label("sglang"), "source-interpreter" if interpret else "source-gpu", STANDINS,
-                   mod, fkw, pairs, unsharded, kv_only, lambda rel: m[rel], interpret, note)
+                   mod, fkw, pairs, unsharded, kv_only, lambda rel: m[rel], interpret, note, _kv_transfer(root))
 
 
 def _build_imported(inst: installed.Installed) -> base.Engine:
@@ -84,12 +88,25 @@ def _build_imported(inst: installed.Installed) -> base.Engine:
         pairs = inst.module(UTILS_PY).build_transfer_entry_pairs
     except (source.SourceError, AttributeError) as e:
         raise EngineUnavailable(f"sglang {inst.version} (installed): {e}") from e
+    root = Path(str(inst.file(UTILS_PY))[: -len(UTILS_PY)])
     return _engine(inst.version, "import", IMPORT_STANDINS, inst.module(ATTN_PY), inst.module(FKW_PY), pairs,
-                   unsharded, kv_only, inst.sha256, False, "")
+                   unsharded, kv_only, inst.sha256, False, "", _kv_transfer(root))
+
+
+def _kv_transfer(root: Path) -> tuple[Any, str]:
+    """(the released KV transfer, lifted: engines/sglang_transfer.py, ""), or (None, why it is not bound)."""
+    from k3num.engines import sglang_transfer
+
+    try:
+        sglang_transfer.manager(root)  # lift everything now: a changed file is reported at build time
+        return types.SimpleNamespace(manager=functools.partial(sglang_transfer.manager, root),
+                                     route=sglang_transfer.routing_rule(root)), ""
+    except (source.SourceError, OSError) as e:
+        return None, f"the KV transfer is not bound: {e}"
 
 
 def _engine(version: str, mode: str, real_ops: str, mod: Any, fkw: Any, pairs: Any, unsharded: Any, kv_only: Any,
-            sha: Any, interpret: bool, note: str) -> base.Engine:
+            sha: Any, interpret: bool, note: str, kv: tuple[Any, str] = (None, "")) -> base.Engine:
     subjects = {base.DRAFT_CONTEXT_KV: _draft_kv_subject(fkw.fused_kv_norm_rope_write, kv_only),
                 base.PROJECT_UNSHARDED: unsharded,
                 base.ATTN_RES_MIX: _mix_subject(mod.aggregate_stream),
@@ -99,11 +116,13 @@ def _engine(version: str, mode: str, real_ops: str, mod: Any, fkw: Any, pairs: A
     return base.Engine(
         name="sglang", version=version, mode=mode, subjects=subjects, real_ops=real_ops,
         source_sha256={**{s: sha(ATTN_PY) for s in subjects}, base.DRAFT_CONTEXT_KV: sha(FKW_PY),
-                       base.PROJECT_UNSHARDED: sha(DFLASH_PY), "transfer_pairs": sha(UTILS_PY)},
+                       base.PROJECT_UNSHARDED: sha(DFLASH_PY), "transfer_pairs": sha(UTILS_PY),
+                       "kv_transfer": sha("sglang/srt/disaggregation/mooncake/conn.py")},
         missing={s: NOT_YET for s in base.SUBJECTS if s not in subjects},
         # the raw write kernel is for bench/engine_kernels.py (its bandwidth without the K/V GEMMs);
         # the eager path rounds the normed rows and the scores to bf16 before its softmax
         extras={"transfer_pairs": pairs, "fused_kv_norm_rope_write": fkw.fused_kv_norm_rope_write,
+                **({"kv_transfer": kv[0]} if kv[0] is not None else {"kv_transfer_missing": kv[1]}),
                 "logit_dtype": {base.ATTN_RES_MIX_EAGER: torch.bfloat16, base.ATTN_RES_MIX: _dispatched_logit_dtype,
                                 # off the 1024 grid the model's path has no defined numerics in 0.5.23 (its
                                 # Triton pair reads and writes by whole 1024 tiles, K3N-008); the budget there

@@ -312,3 +312,54 @@ REPLAYABLE: dict[str, Judge] = {
     "draft_kv_within_rounding_budget": _draft_call,
     "unsharded_within_rounding_budget": _unsharded_call,
 }
+
+
+# ---- the draft-KV transfer (seed 003) ----------------------------------------------------------
+
+TRANSFER_DTYPE_BYTES = 2  # bf16 draft KV
+TRANSFER_SPAN = 2**24  # bytes between two (rank, layer) buffers: more than any drawn page set needs
+
+
+def transfer_buffer(side: str, rank: int, layer: int) -> int:
+    """The synthetic base address of one rank's one-layer K buffer (seed 003: P 1000000, D 2000000)."""
+    return (1_000_000 if side == "src" else 2_000_000) + (rank * 8 + layer) * TRANSFER_SPAN
+
+
+def transfer_layouts(case: Any, layer: int) -> tuple[Any, Any]:
+    from k3num.refmodel.transfer_plan import KVLayout
+
+    return tuple(KVLayout(tp, case.heads, case.head_dim, case.page_size, TRANSFER_DTYPE_BYTES,
+                          tuple(transfer_buffer(side, r, layer) for r in range(tp)), case.layout)
+                 for side, tp in (("src", case.src_tp), ("dst", case.dst_tp)))
+
+
+def transfer_sender(case: Any) -> int:
+    """The prefill rank serving `case.dst_rank`: the owner of its first head."""
+    src, dst = transfer_layouts(case, 0)
+    return src.owner_of(dst.heads_of(case.dst_rank).start)
+
+
+def transfer_items(blocks: Any, item: int) -> set[tuple[int, int]] | None:
+    """Copies as (src, dst) pairs of `item`-byte chunks; None when a block is not whole chunks."""
+    out: set[tuple[int, int]] = set()
+    for s, d, n in blocks:
+        if n % item:
+            return None
+        out |= {(s + k * item, d + k * item) for k in range(n // item)}
+    return out
+
+
+def transfer_oracle(case: Any) -> set[tuple[int, int]]:
+    """What the sender must copy to the served decode rank: refmodel's head-aware plan, for the
+    stage's layers, restricted to (that sender's buffer -> that decode rank's buffer)."""
+    from k3num.refmodel.transfer_plan import head_aware_plan
+
+    s, d = transfer_sender(case), case.dst_rank
+    want: set[tuple[int, int]] = set()
+    for layer in case.stage:
+        src, dst = transfer_layouts(case, layer)
+        s0, d0 = transfer_buffer("src", s, layer), transfer_buffer("dst", d, layer)
+        plan = [e for e in head_aware_plan(src, dst, list(case.src_pages), list(case.dst_pages))
+                if s0 <= e.src_addr < s0 + TRANSFER_SPAN and d0 <= e.dst_addr < d0 + TRANSFER_SPAN]
+        want |= transfer_items([tuple(e) for e in plan], src.item_bytes) or set()
+    return want

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from k3num.fixtures.strategies import AttnResCase, ProjectionCase, TapCase
+from k3num.fixtures.strategies import SEED_003_TRANSFER, AttnResCase, KVTransferCase, ProjectionCase, TapCase
 
 K3_WIDTH = 576  # a DSpark draft layer's context-KV rows (kv_lora 512 + rope 64)
 
@@ -104,7 +104,17 @@ CASES: dict[str, LedgerCase] = {
                           "test_nvfp4_merged_shards_dequantize_to_the_per_layer_weights",
                           {"layers": 5, "width": K3_WIDTH, "shared": False, "data": None, "seed": 0,
                            "naming": "compressed-tensors"}),
+    "K3N-013": LedgerCase("the prefill's and the decode's KV heads per rank differ and the decode's item lengths "
+                          "are not published to the sender (the worker's send_kvcache path)",
+                          lambda a: _heads_differ(a["case"]) and not a["case"].publish_lens,
+                          "test_kv_transfer_copies_exactly_the_head_aware_plan_or_is_refused",
+                          {"case": SEED_003_TRANSFER}),
 }
+
+
+def _heads_differ(case: KVTransferCase) -> bool:
+    per_rank = lambda tp: max(1, case.heads // tp)  # noqa: E731 (refmodel.transfer_plan.KVLayout.heads_per_rank)
+    return per_rank(case.src_tp) != per_rank(case.dst_tp)
 
 
 def inside(entry_id: str, test: str, args: dict[str, Any]) -> bool:

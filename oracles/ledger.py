@@ -218,6 +218,24 @@ LEDGER: tuple[Divergence, ...] = (
         reproducer="as K3N-009",
         upstream="none found (not reported yet)",
     ),
+    Divergence(
+        id="K3N-013", files=("sglang/srt/disaggregation/mooncake/conn.py",),
+        engine="sglang", version="0.5.23", subject="kv_transfer",
+        test="test_kv_transfer_copies_exactly_the_head_aware_plan_or_is_refused",
+        what="disaggregation/mooncake/conn.py: the draft KV of a prefill and a decode whose KV heads per rank "
+             "differ (other attention TP sizes) is written at the wrong address with the wrong length. "
+             "transfer_worker routes every MLA (or hybrid-MLA) backend to send_kvcache whatever the two TP "
+             "sizes; send_kvcache hands the decode's registered item length (dst_kv_item_len) only to the "
+             "unified-memory check and calls _send_kvcache_generic without dst_item_lens, so "
+             "_state_stride_mismatch never runs; the plan then addresses the decode as dst_ptr + dst_index * "
+             "src_item_len and copies src_item_len bytes a page. Seed 003's bug, still in the release. With "
+             "dst_item_lens passed, the same transfer is refused",
+        reproducer="8 KV heads x 128 (bf16), page 64, P TP4 -> D TP32, layer 0's K, P base 1000000, D base 2000000, "
+                   "page 0 -> page 2, paired by layer id: planned (1000000, 2065536, 32768); the head-aware plan "
+                   "writes 16384 bytes at 2032768 (properties/test_kv_transfer.py, the released methods lifted and "
+                   "run on synthetic pointers with a recording _transfer_data)",
+        upstream="none found (not reported yet)",
+    ),
 )
 
 

@@ -93,10 +93,15 @@ PINS: dict[str, Pin] = {
             "sglang/kernels/ops/speculative/dspark/fused_kv_write.py",
             "sglang/srt/models/dflash.py",
             "sglang/srt/disaggregation/utils.py",
+            "sglang/srt/disaggregation/mooncake/conn.py",
+            "sglang/srt/disaggregation/common/conn.py",
+            "sglang/srt/disaggregation/common/utils.py",
+            "sglang/srt/disaggregation/base/conn.py",
+            "sglang/kernels/ops/speculative/fused_kv_materialize.py",
         ),
         # the wheel is cp311-only: ask for it explicitly from any Python
         ("--only-binary=:all:", "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64"),
-        manifest_sha256="a1cd6dcf7ada8d39d1ebf3140ab7b2fd9c5ca380a82f76ee578869aa3f18fcdc",
+        manifest_sha256="7f544eb169437fda264c0ac07f65a7e5e01a630bfa7867cab55e3a3aaab92b73",
     ),
     "tokenspeed": Pin(
         "tokenspeed", "tokenspeed", "0.1.1", "c20d4e87830c821f0b36f665baff999c4d08603b38becc6be33dc2636b97fb19",

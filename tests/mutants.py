@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import types
 from collections.abc import Callable
 
 import pytest
@@ -20,6 +21,7 @@ from k3num.engines import base, mirror, registry, standins
 from k3num.engines.mirror import attn_res as m_attn
 from k3num.engines.mirror import context_kv as m_ckv
 from k3num.engines.mirror import projection as m_proj
+from k3num.engines.mirror import transfer as m_transfer
 from k3num.refmodel.geometry import RopeSpec
 
 
@@ -282,6 +284,17 @@ def _pairs_by_plain_lookup(src, dst, n_src, n_dst, allow_positional_fallback=Fal
 TRANSFER_MUTANTS: dict[str, Callable] = {"transfer_pairs_by_plain_lookup": _pairs_by_plain_lookup}
 
 
+class _FlatSender(m_transfer.KVSender):
+    """Seed 003's bug in the mirror: the decode's item lengths are not compared, every page copied flat."""
+
+    def send(self, *args, dst_kv_item_len, dst_item_lens=None):
+        return super().send(*args, dst_kv_item_len=args[1][0] if args[1] else dst_kv_item_len,
+                            dst_item_lens=None if dst_item_lens is None else [args[1][0]] * len(dst_item_lens))
+
+
+KV_TRANSFER_MUTANTS = {"kv_transfer_ignores_decode_item_len": _FlatSender}
+
+
 def _tap_owned_by_producing_layer(layer_id, num_layers, stream):
     if stream not in ("prefix", "attn_res"):
         raise ValueError(stream)
@@ -471,8 +484,8 @@ def _nvfp4_first_global(tensors, num_layers):
 
 FP8_MUTANTS = ("block_rows_by_arrival", "block_scales_rounded_up", "nvfp4_first_global")
 
-ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS, *TRANSFER_MUTANTS, *OWNER_MUTANTS, *OPS_MUTANTS, *PP_MUTANTS,
-              *FP8_MUTANTS])
+ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS, *TRANSFER_MUTANTS, *KV_TRANSFER_MUTANTS, *OWNER_MUTANTS, *OPS_MUTANTS,
+              *PP_MUTANTS, *FP8_MUTANTS])
 
 
 # --- drifting subjects: NOT bugs the properties must catch. Each adds one extra rounding where the
@@ -518,6 +531,9 @@ def build(name: str) -> base.Engine:
         extras["weight_loading"] = loading
     if name in TRANSFER_MUTANTS:
         extras["transfer_pairs"] = TRANSFER_MUTANTS[name]
+    if name in KV_TRANSFER_MUTANTS:
+        extras["kv_transfer"] = types.SimpleNamespace(manager=KV_TRANSFER_MUTANTS[name],
+                                                      route=m_transfer.kv_route)
     if name in OWNER_MUTANTS:
         extras["tap_owner"] = OWNER_MUTANTS[name]
     if name in OPS_MUTANTS:

@@ -38,7 +38,9 @@ def build() -> base.Engine:
                                "tap_owner": attn_res.tap_owner_layer, "pp_taps": pp.pp_taps,
                                "block_fp8_loading": weights.load_block_fp8, "nvfp4_loading": weights.load_nvfp4,
                                "nvfp4_modelopt_loading": weights.load_nvfp4_modelopt,
-                               "context_kv_ops": _context_kv_ops()})
+                               "context_kv_ops": _context_kv_ops(),
+                               "kv_transfer": types.SimpleNamespace(manager=transfer.KVSender,
+                                                                    route=transfer.kv_route)})
 
 
 def _context_kv_ops():

@@ -147,6 +147,21 @@ def _dispatched_logit_dtype(hidden: int, nvb: int) -> torch.dtype | None:
 
 ATTN_PY = "sglang/srt/layers/attn_residual.py"
 FKW_PY = "sglang/kernels/ops/speculative/dspark/fused_kv_write.py"
+# what this adapter binds, for `k3num coverage`: (file, function) -> (language, K3 path, subject or contract);
+# the KV transfer's are engines/sglang_transfer.BOUND
+BOUND = {
+    (ATTN_PY, "aggregate_stream"): ("python", "2", "attn_res_mix"),
+    (ATTN_PY, "_mix_fused"): ("python", "2", "attn_res_mix_triton"),
+    (ATTN_PY, "_score_kernel"): ("triton", "2", "attn_res_mix_triton"),
+    (ATTN_PY, "_combine_kernel"): ("triton", "2", "attn_res_mix_triton"),
+    (ATTN_PY, "aggregate_stream_torch"): ("python", "2", "attn_res_mix_eager"),
+    (ATTN_PY, "AttnResidual"): ("python", "2", "attn_res_residual"),
+    (FKW_PY, "fused_kv_norm_rope_write"): ("python", "3", "draft_context_kv"),
+    (FKW_PY, "_fused_kv_norm_rope_write_kernel"): ("triton", "3", "draft_context_kv"),
+    ("sglang/srt/models/dflash.py", "DFlashDraftModel.project_target_hidden"): ("python", "3", "project_unsharded"),
+    ("sglang/srt/models/dflash.py", "DFlashAttention.kv_proj_only"): ("python", "3", "draft_context_kv"),
+    ("sglang/srt/disaggregation/utils.py", "build_transfer_entry_pairs"): ("python", "3", "transfer_pairs"),
+}
 
 
 def _load_plain_triton(path: Path, interpret: bool, name: str) -> types.ModuleType:

@@ -39,6 +39,16 @@ from k3num.supply import fetch, installed
 PIN = fetch.PINS["tokenspeed"]
 MODEL_PY = "tokenspeed/runtime/models/kimi_k3_dspark.py"
 CONTEXT_PY = "tokenspeed/runtime/execution/dspark_context.py"
+# what this adapter lifts, for `k3num coverage`: (file, function) -> (language, K3 path, subject or contract)
+BOUND = {
+    (MODEL_PY, "K3DSparkModel.project_target_tap"): ("python", "3", "stage_partial"),
+    (CONTEXT_PY, "DSparkContextProducer.add_capture"): ("python", "3", "stage_partial"),
+    (MODEL_PY, "K3DSparkModel.finalize_target_projection"): ("python", "3", "finalize_projection"),
+    (MODEL_PY, "K3DSparkModel.project_target_hidden"): ("python", "3", "project_unsharded"),
+    (MODEL_PY, "_context_tap_owner_layer"): ("python", "2", "tap_owner"),
+    (MODEL_PY, "K3DSparkAttention.project_latent_kv"): ("python", "1", "context_kv_unfused"),
+    (MODEL_PY, "K3DSparkAttention.apply_latent_rope"): ("python", "1", "context_kv_unfused"),
+}
 STANDIN_OPS = ("stand-in: ReplicatedLinear (torch linear), RMSNorm layer (fp32 math, one rounding), "
                "tokenspeed_kernel apply_k_rope (fp32 math, one rounding; fp32 cos/sin cache)")
 

@@ -75,7 +75,7 @@ from k3num.engines.vllm_adapter.context_kv import BUILT_OPS, _bind_precompute, _
 from k3num.engines.vllm_adapter.weight_loading import _bind_weight_loading
 from k3num.supply import fetch, installed
 
-__all__ = ["build", "build_rocm", "CONTRACT", "contract_problems", "require_interpreter",
+__all__ = ["build", "build_rocm", "CONTRACT", "BOUND_BESIDES_CONTRACT", "contract_problems", "require_interpreter",
            "ATTN_RES_PY", "AMD_ATTN_RES_PY", "MODEL_PY", "DSPARK_PY", "IMPORT_OPS", "BUILT_OPS", "OPS_SUFFIX"]
 
 ATTN_RES_SIGNATURE = ["prefix", "delta", "blocks", "norm_weight", "qk_weight", "output_norm_weight", "num_blocks",
@@ -117,6 +117,19 @@ CONTRACT: dict[str, dict[str, dict[str, list[str] | None]]] = {
                      pp_forward.INTERFACES_PY: {f"EagleModelMixin.{m}": None for m in pp_forward.MIXIN_METHODS},
                      pp_forward.EAGLE3_UTILS_PY: {"aux_hidden_state_relay_keys": None},
                      pp_forward.PP_UTILS_PY: {"PPHandler.relay_aux_hidden_states": None}},
+}
+
+# bound besides CONTRACT's names, for `k3num coverage`: (file, function) -> (language, K3 path, subject or contract)
+BOUND_BESIDES_CONTRACT = {
+    (UTILS_PY, "WeightsMapper"): ("python", "1", "weight_loading"),
+    (DSPARK_PY, "K3DSparkForCausalLM.hf_to_vllm_mapper"): ("python", "1", "weight_loading"),
+    **{(CUSTOM_OPS_PY, name): ("python", "1", "context_kv_ops") for name in BUILT_OPS},
+    ("csrc/layernorm_kernels.cu", "rms_norm (built by k3num build-ops; a stand-in without CUDA)"):
+        ("cuda", "1", "context_kv_ops"),
+    ("csrc/pos_encoding_kernels.cu", "rotary_embedding (built by k3num build-ops; a stand-in without CUDA)"):
+        ("cuda", "1", "context_kv_ops"),
+    ("csrc/cache_kernels.cu", "concat_and_cache_mla_grouped (built by k3num build-ops; a stand-in without CUDA)"):
+        ("cuda", "1", "context_kv_ops"),
 }
 
 

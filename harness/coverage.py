@@ -1,0 +1,194 @@
+"""`k3num coverage`: every K3 kernel and code path on the three paths, bound or not, and what judges it.
+
+    k3num coverage [--format markdown|csv] [--out FILE]
+
+One row per (engine, file, function): its language, the K3 path (1 context KV, 2 AttnRes and the aux
+tap, 3 the PP partial projection and the transfer that follows it), whether the harness binds it,
+the property tests that judge it (found by reading properties/*.py for the subject or contract it is
+bound as), and, where it is not bound, why and what binding it would need.
+
+The bound rows are built from the adapters' declarations: vLLM's `CONTRACT`
+(engines/vllm_adapter), SGLang's and TokenSpeed's `BOUND` (engines/sglang_engine.py,
+engines/tokenspeed_engine.py, engines/sglang_transfer.py). The unbound rows are the census below
+(UNBOUND). tests/test_coverage.py keeps the table true: every pinned file has a row, and every
+bound row names a function its pinned file defines.
+
+Shapes: none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+COLUMNS = ("engine", "file", "function", "language", "path", "bound", "properties", "why_not")
+PROPERTIES = Path(__file__).resolve().parents[1] / "properties"
+
+
+@dataclass(frozen=True)
+class Row:
+    engine: str
+    file: str
+    function: str
+    language: str  # python, triton, cuda, cute-dsl
+    path: str  # "1", "2", "3" (BRIEF's three paths; 3 includes the transfer after the projection)
+    subject: str  # the subject or contract it is bound as ("" when not bound)
+    why_not: str = ""  # where not bound: why, and what binding it would need
+
+
+# Kernels and code paths of the three releases (and the kernel packages they require) that are not
+# bound here, with the reason. A row leaves this list when an adapter binds it.
+NEEDS_SM100 = "needs an SM100 (Blackwell) GPU; the device here is an H200 (SM90)"
+UNBOUND: tuple[Row, ...] = (
+    Row("tokenspeed", "tokenspeed/runtime/models/kimi_k3.py", "_apply_attn_res", "python", "2", "",
+        "not fetched: kimi_k3.py is not among the pinned files; binding it needs the file pinned and the "
+        "tokenspeed-kernel 0.1.4 wheel (torch_attn_res_fwd) pinned beside it"),
+    Row("tokenspeed", "tokenspeed/runtime/models/kimi_k3.py", "capture_attnres", "python", "2", "",
+        "not fetched (as _apply_attn_res): the aux tap of the AttnRes stack"),
+    Row("tokenspeed", "tokenspeed/runtime/models/kimi_k3.py", "_dspark_capture_stream", "python", "2", "",
+        "not fetched (as _apply_attn_res)"),
+    Row("tokenspeed", "tokenspeed/runtime/models/kimi_k3.py", "forward (PPStageState.block_residual)", "python",
+        "2", "", "not fetched: the PP hand-off of the block bank; needs kimi_k3.py pinned and stand-in layers"),
+    Row("tokenspeed", "tokenspeed_kernel/ops/residual/torch.py", "torch_attn_res_fwd", "python", "2", "",
+        "not fetched: tokenspeed-kernel 0.1.4 is not pinned (wheel sha256 958ed94e8ec2...)"),
+    Row("tokenspeed", "tokenspeed_kernel/ops/kvcache/triton.py", "set_mla_kv_buffer_triton", "triton", "1", "",
+        "not fetched: tokenspeed-kernel 0.1.4 is not pinned; the context write runs a stand-in"),
+    Row("tokenspeed", "tokenspeed_kernel/ops/embedding/", "apply_k_rope (Triton and CUDA rope.so)",
+        "triton", "1", "", "not fetched: tokenspeed-kernel 0.1.4 is not pinned; rope.so needs a CUDA build for "
+        "the local torch"),
+    Row("tokenspeed", "tokenspeed/runtime/layers/segmented_rmsnorm.py", "_segmented_rmsnorm_kernel", "triton", "3",
+        "", "not fetched: bound with fc_norm=None only (the config without fc_norm)"),
+    Row("sglang", "sglang/kernels/ops/speculative/fused_kv_materialize.py", "FusedKVMaterializeHelper", "triton",
+        "3", "", "fetched, not bound yet: the DFlash draft-KV writer (K RMSNorm, NeoX partial RoPE, pool writes)"),
+    Row("vllm", "csrc/cache_kernels.cu", "concat_and_cache_mla (do_kv_cache_update, the per-layer insert)", "cuda",
+        "1", "", "compiled by k3num build-ops but not registered; the per-layer path runs a stand-in"),
+    Row("vllm", "csrc/cache_kernels.cu", "FP8 KV cache (kv_cache_dtype fp8_e4m3 / fp8_e5m2, kv_scales)", "cuda",
+        "1", "", "never drawn: the adapter passes kv_cache_dtype 'auto'"),
+    Row("vllm", "csrc/kimi_k3/attn_res_kernel.cu", "kimi_k3_attn_res (tcgen05/TMEM)", "cuda", "2", "",
+        f"{NEEDS_SM100}; built for 10.0f only, taken at hidden 7168 with dense rows and num_blocks <= 8"),
+    Row("vllm", "vllm/models/kimi_k3/nvidia/ops/", "CuTe-DSL AttnRes decode", "cute-dsl", "2", "", NEEDS_SM100),
+    Row("sglang", "sglang/kernels/jit/csrc/kimi_k3/attn_res/", "AttnResFusedTmaKernel", "cuda", "2", "",
+        NEEDS_SM100),
+    Row("tokenspeed", "tokenspeed_kernel/ops/residual/", "attn_res.so", "cuda", "2", "", NEEDS_SM100),
+)
+
+
+def _language(file: str, function: str) -> str:
+    return "triton" if "kernel" in function.lower() or "_mix_fused" in function else "python"
+
+
+def bound_rows() -> list[Row]:
+    """The rows the adapters declare they bind."""
+    from k3num.engines import sglang_engine, sglang_transfer, tokenspeed_engine
+    from k3num.engines.vllm_adapter import BOUND_BESIDES_CONTRACT, CONTRACT
+
+    rows: list[Row] = []
+    for subject, files in CONTRACT.items():
+        engine = "vllm-rocm" if subject.startswith("rocm:") else "vllm"
+        for file, names in files.items():
+            for name in names or {}:
+                rows.append(Row(engine, file, name, _language(file, name), PATH_OF.get(subject.split(":")[-1], "?"),
+                                subject.split(":")[-1]))
+    for engine, bound in (("vllm", BOUND_BESIDES_CONTRACT), ("sglang", sglang_engine.BOUND),
+                          ("tokenspeed", tokenspeed_engine.BOUND)):
+        for (file, name), (language, path, subject) in bound.items():
+            rows.append(Row(engine, file, name, language, path, subject))
+    for file, names in sglang_transfer.BOUND.items():
+        for name in names:
+            rows.append(Row("sglang", file, name, "python", "3", "kv_transfer"))
+    merged: dict[tuple[str, str, str], Row] = {}  # one row per function: a function bound for two subjects
+    for r in rows:
+        key = (r.engine, r.file, r.function)
+        old = merged.get(key)
+        merged[key] = r if old is None else Row(*key, r.language, r.path, f"{old.subject},{r.subject}")
+    return list(merged.values())
+
+
+# the K3 path each subject or contract belongs to
+PATH_OF = {
+    "context_kv_fused": "1", "context_kv_unfused": "1", "weight_loading": "1", "block_fp8_loading": "1",
+    "nvfp4_loading": "1", "nvfp4_modelopt_loading": "1", "context_kv_ops": "1",
+    "attn_res": "2", "aux_capture": "2", "attn_res_mix": "2", "attn_res_mix_triton": "2", "attn_res_mix_eager": "2",
+    "attn_res_residual": "2", "tap_owner": "2", "pp_taps": "2",
+    "stage_partial": "3", "finalize_projection": "3", "project_unsharded": "3", "draft_context_kv": "3",
+    "transfer_pairs": "3", "kv_transfer": "3",
+}
+
+
+def judged_by() -> dict[str, list[str]]:
+    """subject or contract -> the property tests that use it, read from properties/*.py: a test that
+    names `base.CONSTANT` (a subject) or `"name"` as an extras key."""
+    from k3num.engines import base
+
+    constants = {k: v for k, v in vars(base).items() if isinstance(v, str) and v in base.SUBJECTS}
+    out: dict[str, set[str]] = {}
+    for path in sorted(PROPERTIES.glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        helpers = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("test_")}
+        used_by_helper = {name: _uses(fn, constants) for name, fn in helpers.items()}
+        for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")):
+            used = _uses(fn, constants)
+            for call in ast.walk(fn):
+                if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in used_by_helper:
+                    used |= used_by_helper[call.func.id]
+            for u in used:
+                out.setdefault(u, set()).add(f"{path.name}::{fn.name}")
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _uses(fn: ast.AST, constants: dict[str, str]) -> set[str]:
+    used: set[str] = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "base" \
+                and node.attr in constants:
+            used.add(constants[node.attr])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in PATH_OF:
+            used.add(node.value)
+    return used
+
+
+def table() -> pd.DataFrame:
+    judges = judged_by()
+    rows = []
+    for r in [*bound_rows(), *UNBOUND]:
+        props = sorted({p for subj in r.subject.split(",") if subj for p in judges.get(subj, [])})
+        rows.append({"engine": r.engine, "file": r.file, "function": r.function, "language": r.language,
+                     "path": r.path, "bound": "yes" if r.subject else "no", "properties": "; ".join(props),
+                     "why_not": r.why_not or ("" if props else "bound, but no property test names its subject")})
+    return pd.DataFrame(rows, columns=list(COLUMNS)).sort_values(["path", "engine", "bound", "file"],
+                                                                 ascending=[True, True, False, True])
+
+
+def markdown(frame: pd.DataFrame) -> str:
+    short = frame.assign(properties=[re.sub(r"test_\w+\.py::", "", p).replace("; ", ", ") for p in frame["properties"]])
+    lines = ["| " + " | ".join(COLUMNS) + " |", "| " + " | ".join("---" for _ in COLUMNS) + " |"]
+    for r in short.itertuples(index=False):
+        lines.append("| " + " | ".join(str(getattr(r, c)).replace("|", "/") for c in COLUMNS) + " |")
+    bound = int((frame["bound"] == "yes").sum())
+    return (f"{bound} bound, {len(frame) - bound} not bound (K3 paths: 1 context KV, 2 AttnRes and the aux tap, "
+            "3 the PP partial projection and the draft-KV transfer)\n\n" + "\n".join(lines) + "\n")
+
+
+def cmd_coverage(args: argparse.Namespace) -> int:
+    frame = table()
+    text = frame.to_csv(index=False) if args.format == "csv" else markdown(frame)
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"[coverage] {len(frame)} rows: {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def add_parser(sub) -> None:
+    c = sub.add_parser("coverage", help="every K3 kernel and code path on the three paths: bound or not, the "
+                                        "property tests that judge it, and why not where it is not bound")
+    c.add_argument("--format", choices=("markdown", "csv"), default="markdown")
+    c.add_argument("--out", default=None, metavar="FILE", help="write there instead of stdout")
+    c.set_defaults(func=cmd_coverage)

@@ -1,0 +1,107 @@
+"""`k3num coverage` (harness/coverage.py) cannot drift from the adapters: every pinned file has a row,
+every bound row names a function its pinned file defines, every unbound row in a fetched file names
+one that is there, and both formats carry the same rows."""
+
+from __future__ import annotations
+
+import ast
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from k3num.harness import coverage
+from k3num.supply import fetch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _defines(path: Path, function: str) -> bool:
+    """Whether the file defines `function` ("Class.method", a top-level def or class, "Class.ATTR = ...");
+    a CUDA file: the name appears in it."""
+    name = function.split(" ")[0]
+    text = path.read_text(errors="replace")
+    if path.suffix != ".py":
+        return name in text
+    parts = name.split(".")
+    scope: list[ast.stmt] = ast.parse(text).body
+    for i, part in enumerate(parts):
+        found = None
+        for node in scope:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == part:
+                found = node
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and i == len(parts) - 1:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(t, ast.Name) and t.id == part for t in targets):
+                    return True
+        if found is None:
+            return False
+        scope = getattr(found, "body", [])
+    return True
+
+
+def _root(engine: str, file: str) -> Path | None:
+    pin = "vllm" if engine.startswith("vllm") else engine
+    if file.startswith("csrc/"):
+        root = fetch.csrc_dir("vllm")
+        return root if (root / file).is_file() else None
+    if not fetch.verified_manifest(pin, log=lambda *_: None):
+        return None
+    return fetch.source_dir(pin)
+
+
+def test_every_pinned_file_has_a_row():
+    table = coverage.table()
+    files = set(table["file"])
+    missing = [f"{e}: {f}" for e, pin in fetch.PINS.items() for f in pin.files if f not in files]
+    assert not missing, "pinned files the coverage table does not list:\n" + "\n".join(missing)
+
+
+def test_every_row_in_a_fetched_file_names_a_function_the_file_defines():
+    table = coverage.table()
+    checked, wrong = 0, []
+    for r in table.itertuples():
+        root = _root(r.engine, r.file)
+        if root is None or r.file.endswith("/") or not (root / r.file).is_file():
+            continue
+        checked += 1
+        if not _defines(root / r.file, r.function):
+            wrong.append(f"{r.engine} {r.file}: {r.function}")
+    if checked == 0:
+        pytest.skip("no engine is fetched here (k3num fetch)")
+    assert not wrong, "rows naming a function the pinned file lacks:\n" + "\n".join(wrong)
+
+
+def test_a_row_naming_a_missing_function_is_caught(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("class A:\n    def b(self):\n        pass\n    X = 1\ndef c():\n    pass\n")
+    assert _defines(f, "A.b") and _defines(f, "c") and _defines(f, "A.X") and _defines(f, "A")
+    assert not _defines(f, "A.d") and not _defines(f, "B.b") and not _defines(f, "d")
+
+
+def test_bound_rows_name_the_properties_that_judge_them_and_unbound_rows_say_why():
+    table = coverage.table()
+    bound, unbound = table[table["bound"] == "yes"], table[table["bound"] == "no"]
+    assert len(bound) > 50 and len(unbound) >= len(coverage.UNBOUND)
+    assert (bound["properties"] != "").all(), bound[bound["properties"] == ""].to_string()
+    assert (unbound["why_not"] != "").all()
+    kv = bound[bound["function"] == "MooncakeKVManager._send_kvcache_generic"]
+    assert "test_kv_transfer.py::test_kv_transfer_copies_exactly_the_head_aware_plan_or_is_refused" in \
+        kv["properties"].iloc[0]
+    sm100 = unbound[unbound["why_not"].str.contains("SM100")]
+    assert set(sm100["engine"]) == {"vllm", "sglang", "tokenspeed"}
+
+
+def test_the_cli_prints_markdown_and_csv_with_the_same_rows():
+    md = subprocess.run([sys.executable, "-m", "k3num.harness.cli", "coverage"], cwd=ROOT, capture_output=True,
+                        text=True, timeout=120)
+    csv = subprocess.run([sys.executable, "-m", "k3num.harness.cli", "coverage", "--format", "csv"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert md.returncode == csv.returncode == 0, md.stderr + csv.stderr
+    frame = pd.read_csv(io.StringIO(csv.stdout), keep_default_na=False)
+    assert list(frame.columns) == list(coverage.COLUMNS)
+    rows = [line for line in md.stdout.splitlines() if line.startswith("| ") and not line.startswith("| ---")]
+    assert len(rows) - 1 == len(frame)  # the header row

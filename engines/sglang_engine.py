@@ -18,6 +18,9 @@ globals; the layer objects the adapter passes in stay stand-ins (named in
 - the released draft-KV transfer (`mooncake/conn.py`: `send_kvcache`, `_send_kvcache_generic`,
   `_state_stride_mismatch`, the worker's routing rule; `common/conn.py`'s PP slice), lifted and run
   on synthetic pointers (engines/sglang_transfer.py), as the `kv_transfer` contract.
+- `sglang/kernels/ops/speculative/fused_kv_materialize.py::FusedKVMaterializeHelper` (DFlash's
+  draft-KV writer: one GEMM, then the Triton `_fused_norm_rope_kernel_stacked`) as the extra
+  `draft_kv_materialize`, with DRAFT_CONTEXT_KV's signature.
 Not bound yet, each skipped with this reason: DFlash `project_target_hidden` /
 `kv_proj_only`.
 """
@@ -71,13 +74,15 @@ def build() -> base.Engine:
         triton_support.round_bf16_to_nearest_even()
     mod = _load_attn_residual(root / ATTN_PY, interpret)
     fkw = _load_plain_triton(root / FKW_PY, interpret, "fused_kv_write")
+    fkm = _load_plain_triton(root / FKM_PY, interpret, "fused_kv_materialize")
     try:
         unsharded, kv_only = _bind_dflash(root / DFLASH_PY, {"torch": torch})
     except source.SourceError as e:
         raise EngineUnavailable(f"sglang {PIN.version}: {e}") from e
     m = fetch.verified_manifest("sglang")
     return _engine(fetch.version_label("sglang"), "source-interpreter" if interpret else "source-gpu", STANDINS,
-                   mod, fkw, pairs, unsharded, kv_only, lambda rel: m[rel], interpret, note, _kv_transfer(root))
+                   mod, fkw, pairs, unsharded, kv_only, lambda rel: m[rel], interpret, note, _kv_transfer(root),
+                   fkm.FusedKVMaterializeHelper)
 
 
 def _build_imported(inst: installed.Installed) -> base.Engine:
@@ -90,7 +95,8 @@ def _build_imported(inst: installed.Installed) -> base.Engine:
         raise EngineUnavailable(f"sglang {inst.version} (installed): {e}") from e
     root = Path(str(inst.file(UTILS_PY))[: -len(UTILS_PY)])
     return _engine(inst.version, "import", IMPORT_STANDINS, inst.module(ATTN_PY), inst.module(FKW_PY), pairs,
-                   unsharded, kv_only, inst.sha256, False, "", _kv_transfer(root))
+                   unsharded, kv_only, inst.sha256, False, "", _kv_transfer(root),
+                   inst.module(FKM_PY).FusedKVMaterializeHelper if FKM_PY in IMPORT_MODULES else None)
 
 
 def _kv_transfer(root: Path) -> tuple[Any, str]:
@@ -106,7 +112,8 @@ def _kv_transfer(root: Path) -> tuple[Any, str]:
 
 
 def _engine(version: str, mode: str, real_ops: str, mod: Any, fkw: Any, pairs: Any, unsharded: Any, kv_only: Any,
-            sha: Any, interpret: bool, note: str, kv: tuple[Any, str] = (None, "")) -> base.Engine:
+            sha: Any, interpret: bool, note: str, kv: tuple[Any, str] = (None, ""),
+            materializer: Any = None) -> base.Engine:
     subjects = {base.DRAFT_CONTEXT_KV: _draft_kv_subject(fkw.fused_kv_norm_rope_write, kv_only),
                 base.PROJECT_UNSHARDED: unsharded,
                 base.ATTN_RES_MIX: _mix_subject(mod.aggregate_stream),
@@ -117,12 +124,14 @@ def _engine(version: str, mode: str, real_ops: str, mod: Any, fkw: Any, pairs: A
         name="sglang", version=version, mode=mode, subjects=subjects, real_ops=real_ops,
         source_sha256={**{s: sha(ATTN_PY) for s in subjects}, base.DRAFT_CONTEXT_KV: sha(FKW_PY),
                        base.PROJECT_UNSHARDED: sha(DFLASH_PY), "transfer_pairs": sha(UTILS_PY),
-                       "kv_transfer": sha("sglang/srt/disaggregation/mooncake/conn.py")},
+                       "kv_transfer": sha("sglang/srt/disaggregation/mooncake/conn.py"),
+                       **({"draft_kv_materialize": sha(FKM_PY)} if materializer is not None else {})},
         missing={s: NOT_YET for s in base.SUBJECTS if s not in subjects},
         # the raw write kernel is for bench/engine_kernels.py (its bandwidth without the K/V GEMMs);
         # the eager path rounds the normed rows and the scores to bf16 before its softmax
         extras={"transfer_pairs": pairs, "fused_kv_norm_rope_write": fkw.fused_kv_norm_rope_write,
                 **({"kv_transfer": kv[0]} if kv[0] is not None else {"kv_transfer_missing": kv[1]}),
+                **({"draft_kv_materialize": _materialize_subject(materializer)} if materializer is not None else {}),
                 "logit_dtype": {base.ATTN_RES_MIX_EAGER: torch.bfloat16, base.ATTN_RES_MIX: _dispatched_logit_dtype,
                                 # off the 1024 grid the model's path has no defined numerics in 0.5.23 (its
                                 # Triton pair reads and writes by whole 1024 tiles, K3N-008); the budget there
@@ -147,6 +156,7 @@ def _dispatched_logit_dtype(hidden: int, nvb: int) -> torch.dtype | None:
 
 ATTN_PY = "sglang/srt/layers/attn_residual.py"
 FKW_PY = "sglang/kernels/ops/speculative/dspark/fused_kv_write.py"
+FKM_PY = "sglang/kernels/ops/speculative/fused_kv_materialize.py"
 # what this adapter binds, for `k3num coverage`: (file, function) -> (language, K3 path, subject or contract);
 # the KV transfer's are engines/sglang_transfer.BOUND
 BOUND = {
@@ -161,6 +171,9 @@ BOUND = {
     ("sglang/srt/models/dflash.py", "DFlashDraftModel.project_target_hidden"): ("python", "3", "project_unsharded"),
     ("sglang/srt/models/dflash.py", "DFlashAttention.kv_proj_only"): ("python", "3", "draft_context_kv"),
     ("sglang/srt/disaggregation/utils.py", "build_transfer_entry_pairs"): ("python", "3", "transfer_pairs"),
+    (FKM_PY, "FusedKVMaterializeHelper"): ("python", "3", "draft_kv_materialize"),
+    (FKM_PY, "_fused_norm_rope_stacked"): ("python", "3", "draft_kv_materialize"),
+    (FKM_PY, "_fused_norm_rope_kernel_stacked"): ("triton", "3", "draft_kv_materialize"),
 }
 
 
@@ -242,6 +255,36 @@ def _draft_kv_subject(write: Any, kv_only: Any) -> Any:
         return torch.stack(k_bufs).view(shape), torch.stack(v_bufs).view(shape)
 
     return draft_kv
+def _materialize_subject(helper_cls: Any) -> Any:
+    """DFlash's draft-KV writer, `FusedKVMaterializeHelper` (one GEMM over every layer's K/V rows, then
+    the Triton `_fused_norm_rope_kernel_stacked`: per-head K RMSNorm, NeoX RoPE on the rotary part, K and
+    V per layer), with DRAFT_CONTEXT_KV's signature. The layers are namespaces holding what its
+    constructor reads (the fused QKV weight with zero Q rows, the K norm, the rotary embedding); the
+    pool write is a recording `write_layer_kv`. GPT-J pairing raises NotImplementedError (the helper's)."""
+
+    def materialize(ctx: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor, k_norm: torch.Tensor,
+                    positions: torch.Tensor, rope: Any, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        from k3num.engines.mirror.context_kv import rope_cache
+
+        num_layers, width, _ = k_weight.shape
+        d = k_norm.shape[1]
+        max_pos = int(positions.max()) + 1 if positions.numel() else 1
+        rotary = types.SimpleNamespace(rotary_dim=rope.rotary_dim, is_neox_style=rope.style == "neox",
+                                       cos_sin_cache=rope_cache(rope, max_pos, torch.float32, ctx.device).contiguous())
+        layers = [types.SimpleNamespace(self_attn=types.SimpleNamespace(
+            num_kv_heads=width // d, head_dim=d, rotary_emb=rotary, q_size=width, kv_size=width,
+            qkv_proj=types.SimpleNamespace(weight=torch.cat([torch.zeros_like(k_weight[i]), k_weight[i], v_weight[i]])),
+            k_norm=types.SimpleNamespace(weight=k_norm[i], variance_epsilon=eps))) for i in range(num_layers)]
+        helper = helper_cls(layers, rotary, width // d, d, ctx.device)
+        out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        helper.materialize(ctx, positions, lambda i, k, v: out.__setitem__(i, (k.clone(), v.clone())))
+        shape = (num_layers, ctx.shape[0], width // d, d)
+        return (torch.stack([out[i][0] for i in range(num_layers)]).view(shape),
+                torch.stack([out[i][1] for i in range(num_layers)]).view(shape))
+
+    return materialize
+
+
 STANDINS = "stand-in: sglang RMSNorm layer (fp32 math, one rounding), ReplicatedLinear (torch linear)"
 
 

@@ -64,8 +64,6 @@ UNBOUND: tuple[Row, ...] = (
         "the local torch"),
     Row("tokenspeed", "tokenspeed/runtime/layers/segmented_rmsnorm.py", "_segmented_rmsnorm_kernel", "triton", "3",
         "", "not fetched: bound with fc_norm=None only (the config without fc_norm)"),
-    Row("sglang", "sglang/kernels/ops/speculative/fused_kv_materialize.py", "FusedKVMaterializeHelper", "triton",
-        "3", "", "fetched, not bound yet: the DFlash draft-KV writer (K RMSNorm, NeoX partial RoPE, pool writes)"),
     Row("vllm", "csrc/cache_kernels.cu", "concat_and_cache_mla (do_kv_cache_update, the per-layer insert)", "cuda",
         "1", "", "compiled by k3num build-ops but not registered; the per-layer path runs a stand-in"),
     Row("vllm", "csrc/cache_kernels.cu", "FP8 KV cache (kv_cache_dtype fp8_e4m3 / fp8_e5m2, kv_scales)", "cuda",
@@ -117,23 +115,29 @@ PATH_OF = {
     "attn_res": "2", "aux_capture": "2", "attn_res_mix": "2", "attn_res_mix_triton": "2", "attn_res_mix_eager": "2",
     "attn_res_residual": "2", "tap_owner": "2", "pp_taps": "2",
     "stage_partial": "3", "finalize_projection": "3", "project_unsharded": "3", "draft_context_kv": "3",
-    "transfer_pairs": "3", "kv_transfer": "3",
+    "transfer_pairs": "3", "kv_transfer": "3", "draft_kv_materialize": "3",
 }
 
 
 def judged_by() -> dict[str, list[str]]:
     """subject or contract -> the property tests that use it, read from properties/*.py: a test that
-    names `base.CONSTANT` (a subject) or `"name"` as an extras key."""
+    names `base.CONSTANT` (a subject), `"name"` (an extras key) or a module-level constant holding one,
+    itself or through a helper of its module it calls. A test calling a helper that names two subjects
+    is counted for both, whichever it passes."""
     from k3num.engines import base
 
     constants = {k: v for k, v in vars(base).items() if isinstance(v, str) and v in base.SUBJECTS}
+    trees = {path: ast.parse(path.read_text()) for path in sorted(PROPERTIES.glob("test_*.py"))}
+    names = {  # module-level NAME = "contract" in any property module (imported by the others)
+        t.id: node.value.value for tree in trees.values() for node in tree.body if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Constant) and node.value.value in PATH_OF
+        for t in node.targets if isinstance(t, ast.Name)}
     out: dict[str, set[str]] = {}
-    for path in sorted(PROPERTIES.glob("test_*.py")):
-        tree = ast.parse(path.read_text())
+    for path, tree in trees.items():
         helpers = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("test_")}
-        used_by_helper = {name: _uses(fn, constants) for name, fn in helpers.items()}
+        used_by_helper = {name: _uses(fn, constants, names) for name, fn in helpers.items()}
         for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")):
-            used = _uses(fn, constants)
+            used = _uses(fn, constants, names)
             for call in ast.walk(fn):
                 if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in used_by_helper:
                     used |= used_by_helper[call.func.id]
@@ -142,10 +146,12 @@ def judged_by() -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in out.items()}
 
 
-def _uses(fn: ast.AST, constants: dict[str, str]) -> set[str]:
+def _uses(fn: ast.AST, constants: dict[str, str], names: dict[str, str]) -> set[str]:
     used: set[str] = set()
     for node in ast.walk(fn):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "base" \
+        if isinstance(node, ast.Name) and node.id in names:
+            used.add(names[node.id])
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "base" \
                 and node.attr in constants:
             used.add(constants[node.attr])
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in PATH_OF:

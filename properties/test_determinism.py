@@ -42,6 +42,7 @@ from k3num.oracles import hunt
 from k3num.oracles.budgets import Budget
 from k3num.oracles.records import judge
 from k3num.properties.support import DEVICE, LOW, call, report, subject, up
+from k3num.properties.test_draft_kv import MATERIALIZE, materializer
 
 EPS, OUT_EPS = 1e-5, 1e-6
 Outputs = tuple[tuple[torch.Tensor, ...], tuple[str, ...]]
@@ -194,6 +195,14 @@ def test_repeated_calls_on_identical_inputs_are_bitwise_identical(engine, name: 
     seed = case[-1] if isinstance(case, tuple) else case.seed
     check_deterministic(engine, name, make(engine, fn, case, DEVICE), hunt.repeats_for(DEVICE), seed,
                         detail=repr(case).replace(" ", ""))
+
+
+@given(case=draft_kv_cases(styles=("neox",)))
+def test_dflash_materialized_kv_repeated_calls_are_bitwise_identical(engine, case) -> None:
+    """SGLang's DFlash materializer (an engine extra, not a subject), called repeatedly on one input."""
+    fn = materializer(engine)
+    check_deterministic(engine, MATERIALIZE, _draft_kv(engine, fn, case, DEVICE), hunt.repeats_for(DEVICE),
+                        case.seed, detail=repr(case).replace(" ", ""))
 
 
 @given(case=attn_res_cases())

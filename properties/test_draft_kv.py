@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 
 from k3num.engines import base
@@ -18,13 +19,31 @@ def test_draft_context_kv_within_rounding_budget_of_oracle(engine, case: DraftKV
     check_draft_kv_within_rounding_budget(engine, case, DEVICE)
 
 
-def check_draft_kv_within_rounding_budget(engine, case: DraftKVCase, device: str) -> None:
+MATERIALIZE = "draft_kv_materialize"  # SGLang's DFlash writer, FusedKVMaterializeHelper (an engine extra)
+
+
+def materializer(engine):
+    fn = engine.extras.get(MATERIALIZE)
+    if fn is None:
+        pytest.skip(f"engine {engine.name} {engine.version} has no DFlash draft-KV materializer to check")
+    return fn
+
+
+@given(case=draft_kv_cases(styles=("neox",)))
+def test_dflash_materialized_kv_within_rounding_budget_of_oracle(engine, case: DraftKVCase) -> None:
+    """DFlash's materializer (one GEMM over every layer, then per-head K RMSNorm and NeoX RoPE, partial
+    rotary included) against the same oracle and budget as the DSpark writer: every layer's K and V."""
+    check_draft_kv_within_rounding_budget(engine, case, DEVICE, materializer(engine), MATERIALIZE)
+
+
+def check_draft_kv_within_rounding_budget(engine, case: DraftKVCase, device: str, draft=None,
+                                          name: str = base.DRAFT_CONTEXT_KV) -> None:
     """Draft context K (norm + rope) and V of every layer against the oracle, each within its budget."""
-    draft = subject(engine, base.DRAFT_CONTEXT_KV)
+    draft = draft if draft is not None else subject(engine, base.DRAFT_CONTEXT_KV)
     inp = draft_kv_inputs(case, LOW, device)
     k, v = draft(inp.ctx, inp.k_weight, inp.v_weight, inp.k_norm, inp.positions, case.rope, EPS)
     want = judges.draft_context_kv(inp.ctx, inp.k_weight, inp.v_weight, inp.k_norm, inp.positions, case.rope, EPS)
     for name, out in (("k", k), ("v", v)):
-        report(judge(property="draft_kv_within_rounding_budget", engine=engine, subject=base.DRAFT_CONTEXT_KV,
+        report(judge(property="draft_kv_within_rounding_budget", engine=engine, subject=name,
                      actual=out, reference=want[name].reference, budget=want[name].budget, seed=case.seed,
                      reduction_len=want[name].reduction_len, detail=name))

@@ -29,7 +29,7 @@ from k3num.oracles import budgets, hunt
 from k3num.oracles.records import judge
 from k3num.properties.support import DEVICE, LOW, assert_bitwise, call, report, subject, up
 from k3num.properties.test_attn_res import FLAKY_REPEATS, K3N_007
-from k3num.properties.test_draft_kv import check_draft_kv_within_rounding_budget
+from k3num.properties.test_draft_kv import MATERIALIZE, check_draft_kv_within_rounding_budget, materializer
 
 
 def _nonfinite(t: torch.Tensor) -> str:
@@ -145,3 +145,12 @@ def test_draft_context_kv_writes_every_pool_element(engine, case) -> None:
     """The draft K/V pools (allocated uninitialised by the subject) come out finite and within budget."""
     with hunt.poisoned_allocations():
         check_draft_kv_within_rounding_budget(engine, case, DEVICE)
+
+
+@given(case=draft_kv_cases(styles=("neox",)))
+def test_dflash_materialized_kv_writes_every_element(engine, case) -> None:
+    """DFlash's materializer takes its K/V workspaces from torch.empty: under poisoned allocations every
+    element it hands to the pool write comes out finite and within budget."""
+    fn = materializer(engine)
+    with hunt.poisoned_allocations():
+        check_draft_kv_within_rounding_budget(engine, case, DEVICE, fn, MATERIALIZE)

@@ -293,6 +293,8 @@ class _FlatSender(m_transfer.KVSender):
 
 
 KV_TRANSFER_MUTANTS = {"kv_transfer_ignores_decode_item_len": _FlatSender}
+# the DFlash materializer (an engine extra with DRAFT_CONTEXT_KV's signature): the K norm over all heads
+MATERIALIZE_MUTANTS = {"draft_kv_materialize_norm_across_heads": lambda *a: _draft_kv_norm_across_heads(*a)}
 
 
 def _tap_owned_by_producing_layer(layer_id, num_layers, stream):
@@ -484,8 +486,8 @@ def _nvfp4_first_global(tensors, num_layers):
 
 FP8_MUTANTS = ("block_rows_by_arrival", "block_scales_rounded_up", "nvfp4_first_global")
 
-ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS, *TRANSFER_MUTANTS, *KV_TRANSFER_MUTANTS, *OWNER_MUTANTS, *OPS_MUTANTS,
-              *PP_MUTANTS, *FP8_MUTANTS])
+ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS, *TRANSFER_MUTANTS, *KV_TRANSFER_MUTANTS, *MATERIALIZE_MUTANTS,
+              *OWNER_MUTANTS, *OPS_MUTANTS, *PP_MUTANTS, *FP8_MUTANTS])
 
 
 # --- drifting subjects: NOT bugs the properties must catch. Each adds one extra rounding where the
@@ -531,6 +533,8 @@ def build(name: str) -> base.Engine:
         extras["weight_loading"] = loading
     if name in TRANSFER_MUTANTS:
         extras["transfer_pairs"] = TRANSFER_MUTANTS[name]
+    if name in MATERIALIZE_MUTANTS:
+        extras["draft_kv_materialize"] = MATERIALIZE_MUTANTS[name]
     if name in KV_TRANSFER_MUTANTS:
         extras["kv_transfer"] = types.SimpleNamespace(manager=KV_TRANSFER_MUTANTS[name],
                                                       route=m_transfer.kv_route)

@@ -39,6 +39,7 @@ def build() -> base.Engine:
                                "block_fp8_loading": weights.load_block_fp8, "nvfp4_loading": weights.load_nvfp4,
                                "nvfp4_modelopt_loading": weights.load_nvfp4_modelopt,
                                "context_kv_ops": _context_kv_ops(),
+                               "draft_kv_materialize": projection.draft_context_kv,
                                "kv_transfer": types.SimpleNamespace(manager=transfer.KVSender,
                                                                     route=transfer.kv_route)})
 

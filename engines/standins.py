@@ -64,6 +64,8 @@ class ContextKVOps:
     - insert_grouped(kv_c [L, N, C], k_pe [L, N, R], caches: L tensors [NB, BS, C + R] sharing one
       block layout, slot_mapping [L, N]) -> None: slot s of layer l lands at caches[l][s // BS, s % BS];
       s < 0 skipped; nothing else written.
+    - insert_per_layer(kv_c [N, C], k_pe [N, R], cache [NB, BS, C + R], slots [N]) -> None: one layer's
+      insert (vLLM's `concat_and_cache_mla`, what `do_kv_cache_update` calls), the same placement.
     """
 
     @staticmethod
@@ -78,3 +80,7 @@ class ContextKVOps:
     def insert_grouped(kv_c: torch.Tensor, k_pe: torch.Tensor, caches: list[torch.Tensor],
                        slot_mapping: torch.Tensor) -> None:
         mirror_ckv.write_cache(caches, kv_c, k_pe, slot_mapping)
+
+    @staticmethod
+    def insert_per_layer(kv_c: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
+        mirror_ckv.write_cache([cache], kv_c[None], k_pe[None], slots[None])

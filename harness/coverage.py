@@ -64,8 +64,6 @@ UNBOUND: tuple[Row, ...] = (
         "the local torch"),
     Row("tokenspeed", "tokenspeed/runtime/layers/segmented_rmsnorm.py", "_segmented_rmsnorm_kernel", "triton", "3",
         "", "not fetched: bound with fc_norm=None only (the config without fc_norm)"),
-    Row("vllm", "csrc/cache_kernels.cu", "concat_and_cache_mla (do_kv_cache_update, the per-layer insert)", "cuda",
-        "1", "", "compiled by k3num build-ops but not registered; the per-layer path runs a stand-in"),
     Row("vllm", "csrc/cache_kernels.cu", "FP8 KV cache (kv_cache_dtype fp8_e4m3 / fp8_e5m2, kv_scales)", "cuda",
         "1", "", "never drawn: the adapter passes kv_cache_dtype 'auto'"),
     Row("vllm", "csrc/kimi_k3/attn_res_kernel.cu", "kimi_k3_attn_res (tcgen05/TMEM)", "cuda", "2", "",

@@ -124,3 +124,30 @@ def test_grouped_cache_insert_writes_exactly_the_given_slots(engine, seed, layer
         keep = s >= 0
         views[layer][s[keep] // block_size, s[keep] % block_size] = torch.cat([kv_c[layer], k_pe[layer]], -1)[keep]
     assert_bitwise(buf, expected, f"the {layout} caches' buffer after the grouped insert")
+
+
+@given(seed=seeds, layers=st.integers(1, 6), tokens=st.integers(1, 48), per_layer=st.booleans(),
+       layout=st.sampled_from(CACHE_LAYOUTS))
+def test_per_layer_and_grouped_inserts_write_the_same_bytes(engine, seed, layers, tokens, per_layer, layout):
+    """vLLM's per-layer insert (`concat_and_cache_mla`, what `do_kv_cache_update` calls when the layers'
+    caches differ) and the grouped one (`concat_and_cache_mla_grouped`), on the same inputs into two copies
+    of the same caches: the same bytes everywhere, skipped slots (-1) included."""
+    ops = _ops(engine)
+    if not hasattr(ops, "insert_per_layer"):
+        pytest.skip(f"engine {engine.name} {engine.version}: no per-layer insert bound")
+    gen = torch.Generator().manual_seed(seed)
+    kv_lora, r, block_size = 512, 64, 16
+    num_blocks = -(-2 * tokens // block_size)
+    kv_c = torch.randn(layers, tokens, kv_lora, generator=gen).to(LOW).to(DEVICE)
+    k_pe = torch.randn(layers, tokens, r, generator=gen).to(LOW).to(DEVICE)
+    grouped, gbuf = paged_caches(layers, num_blocks, block_size, kv_lora + r, layout, gen, LOW, DEVICE)
+    single = [c.clone() for c in grouped]  # the same bytes, each layer its own tensor (differing layouts allowed)
+    rows = layers if per_layer else 1
+    slots = torch.stack([torch.randperm(num_blocks * block_size, generator=gen)[:tokens] for _ in range(rows)])
+    slots[:, seed % 3:: 3] = -1
+    slots = slots.to(DEVICE).expand(layers, tokens)
+    ops.insert_grouped(kv_c, k_pe, list(grouped), slots)
+    for layer in range(layers):
+        ops.insert_per_layer(kv_c[layer], k_pe[layer], single[layer], slots[layer].contiguous())
+    for layer in range(layers):
+        assert_bitwise(single[layer], grouped[layer], f"layer {layer}'s {layout} cache: per-layer against grouped")

@@ -36,7 +36,8 @@ from k3num.supply import fetch
 
 ENGINE = "vllm"
 # (op namespace, op name): the names vllm/_custom_ops.py calls
-OPS = (("_C", "rms_norm"), ("_C", "rotary_embedding"), ("_C_cache_ops", "concat_and_cache_mla_grouped"))
+OPS = (("_C", "rms_norm"), ("_C", "rotary_embedding"), ("_C_cache_ops", "concat_and_cache_mla_grouped"),
+       ("_C_cache_ops", "concat_and_cache_mla"))
 SOURCES = ("csrc/layernorm_kernels.cu", "csrc/pos_encoding_kernels.cu", "csrc/cache_kernels.cu")
 BINDINGS = "csrc/torch_bindings.cpp"
 LIB_NAME = "k3num_vllm_ops"

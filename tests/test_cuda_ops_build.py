@@ -100,6 +100,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(_C_cache_ops, ops) {
   ops.def(
       "concat_and_cache_mla_grouped(Tensor kv_c, Tensor k_pe,"
       "                             Tensor kv_cache_ptrs) -> ()");
+  ops.def("concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor! kv_cache) -> ()");
 }
 '''
 
@@ -122,7 +123,7 @@ def test_a_bindings_file_without_an_op_is_a_changed_contract() -> None:
         cuda_ops.schemas(BINDINGS.replace("rotary_embedding(", "rotary_embedding_v2("))
 
 
-def test_the_pinned_sdists_bindings_declare_the_three_ops() -> None:
+def test_the_pinned_sdists_bindings_declare_the_bound_ops() -> None:
     path = fetch.csrc_dir("vllm") / cuda_ops.BINDINGS
     if fetch.csrc_problems("vllm"):
         pytest.skip("vLLM's csrc is not fetched here: run `k3num fetch vllm-csrc`")

@@ -130,6 +130,8 @@ BOUND_BESIDES_CONTRACT = {
         ("cuda", "1", "context_kv_ops"),
     ("csrc/cache_kernels.cu", "concat_and_cache_mla_grouped (built by k3num build-ops; a stand-in without CUDA)"):
         ("cuda", "1", "context_kv_ops"),
+    ("csrc/cache_kernels.cu", "concat_and_cache_mla (the per-layer insert do_kv_cache_update calls; built by k3num "
+                              "build-ops; a stand-in without CUDA)"): ("cuda", "1", "context_kv_ops"),
 }
 
 

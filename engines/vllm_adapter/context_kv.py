@@ -189,14 +189,15 @@ def _built_ops(root: Path, interpret: bool) -> tuple[Any | None, str, str]:
     so, why = cuda_ops.load(src)
     if so is None:
         return None, STANDIN_OPS, why
-    ns = {"torch": torch}
+    # stand-in: the platform (CUDA: concat_and_cache_mla's wrapper asks whether it runs on XPU)
+    ns = {"torch": torch, "current_platform": types.SimpleNamespace(is_xpu=lambda: False)}
     ops = types.SimpleNamespace(**{name: source.lift(root / CUSTOM_OPS_PY, name, ns) for name in BUILT_OPS})
     label = f"real (built by k3num build-ops from {src.origin}): {', '.join(BUILT_OPS)}; {PER_LAYER_WRITE_STANDIN}"
     return ops, label, ""
 
 
 # the compiled ops `_precompute_fused_context_kv` calls, by their vllm/_custom_ops.py wrapper names
-BUILT_OPS = ("rms_norm", "rotary_embedding", "concat_and_cache_mla_grouped")
+BUILT_OPS = ("rms_norm", "rotary_embedding", "concat_and_cache_mla_grouped", "concat_and_cache_mla")
 
 
 class _RealContextKVOps:
@@ -224,5 +225,11 @@ class _RealContextKVOps:
         ref = caches[0]
         self._ops.concat_and_cache_mla_grouped(kv_c, k_pe, ptrs, slot_mapping, ref.size(1), ref.stride(0),
                                                ref.stride(1), None, "auto")
+
+    def insert_per_layer(self, kv_c: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor,
+                         slots: torch.Tensor) -> None:
+        # a bf16 cache ("auto"): the scale is read only by the fp8 branches (cache_kernels.cu)
+        scale = torch.ones(1, dtype=torch.float32, device=kv_c.device)
+        self._ops.concat_and_cache_mla(kv_c, k_pe, cache, slots, "auto", scale)
 
 

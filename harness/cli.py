@@ -278,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
                                      "the files the adapters need, hash-checked")
     f.add_argument("targets", nargs="*", help=f"default: all ({', '.join(fetch_targets())})")
     f.set_defaults(func=cmd_fetch)
-    b = sub.add_parser("build-ops", help="build vLLM's rms_norm, rotary_embedding and concat_and_cache_mla_grouped "
-                                         "CUDA ops from the pinned sdist (CUDA machine; cached)")
+    b = sub.add_parser("build-ops", help="build vLLM's rms_norm, rotary_embedding, concat_and_cache_mla_grouped and "
+                                         "concat_and_cache_mla CUDA ops from the pinned sdist (CUDA machine; cached)")
     b.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (MAX_JOBS; default: all cores)")
     b.add_argument("-v", "--verbose", action="store_true", help="show the compiler's commands")
     b.add_argument("--engine-src", action="append", default=[], metavar="vllm=PATH",

@@ -171,11 +171,12 @@ def sources_for(tree: Path | None = None) -> CudaSources:
 
 
 def build_key(gpu_arch: str, src: CudaSources | None = None) -> str:
-    """The cache key: (the sources' digest, torch version, CUDA arch, our registration template and flags)."""
+    """The cache key: (the sources' digest, torch version, CUDA arch, our registration template and flags, the
+    registered ops: a build registering fewer ops is not reused)."""
     src = src or pinned_sources()
     h = hashlib.sha256()
     for part in (src.digest, torch.__version__, str(torch.version.cuda), gpu_arch, REGISTRATION,
-                 *DEFINES, *CUDA_UNDEFINES, *LDFLAGS, *SOURCES):
+                 *DEFINES, *CUDA_UNDEFINES, *LDFLAGS, *SOURCES, *(f"{ns}::{op}" for ns, op in OPS)):
         h.update(part.encode() + b"\0")
     torch_version = torch.__version__.replace("+", "_")
     return f"vllm-{src.label.replace('+', '_')}-torch{torch_version}-sm{gpu_arch}-{h.hexdigest()[:12]}"

@@ -218,3 +218,10 @@ def test_build_ops_of_a_checkout_without_cuda_says_why_and_leaves_nothing_in_the
                           env={**os.environ, "K3NUM_ENGINE_CACHE": str(cache)})
     assert proc.returncode == 2 and "[build-ops] ERROR: no CUDA device" in proc.stderr, proc.stderr
     assert not (cache / "ops").exists()
+
+
+def test_the_build_key_changes_with_the_registered_ops(monkeypatch) -> None:
+    src = cuda_ops.CudaSources(Path("."), "0.33.0", "0" * 64, "test")
+    key = cuda_ops.build_key("90", src)
+    monkeypatch.setattr(cuda_ops, "OPS", cuda_ops.OPS[:-1])
+    assert cuda_ops.build_key("90", src) != key  # a cached build of fewer ops is not taken for this one

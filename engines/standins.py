@@ -66,6 +66,8 @@ class ContextKVOps:
       s < 0 skipped; nothing else written.
     - insert_per_layer(kv_c [N, C], k_pe [N, R], cache [NB, BS, C + R], slots [N]) -> None: one layer's
       insert (vLLM's `concat_and_cache_mla`, what `do_kv_cache_update` calls), the same placement.
+    Both take `kv_cache_dtype` ("auto", or "fp8_e4m3" / "fp8_e5m2" for a uint8 cache) and the scales
+    (grouped: kv_scales [L] float32; per layer: scale [1]): an FP8 cache holds sat-RNE(fl32(x / scale)).
     """
 
     @staticmethod
@@ -78,9 +80,26 @@ class ContextKVOps:
 
     @staticmethod
     def insert_grouped(kv_c: torch.Tensor, k_pe: torch.Tensor, caches: list[torch.Tensor],
-                       slot_mapping: torch.Tensor) -> None:
-        mirror_ckv.write_cache(caches, kv_c, k_pe, slot_mapping)
+                       slot_mapping: torch.Tensor, kv_cache_dtype: str = "auto",
+                       kv_scales: torch.Tensor | None = None) -> None:
+        if kv_cache_dtype == "auto":
+            mirror_ckv.write_cache(caches, kv_c, k_pe, slot_mapping)
+            return
+        for layer, cache in enumerate(caches):
+            ContextKVOps.insert_per_layer(kv_c[layer], k_pe[layer], cache, slot_mapping[layer], kv_cache_dtype,
+                                          kv_scales[layer:layer + 1])
 
     @staticmethod
-    def insert_per_layer(kv_c: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
-        mirror_ckv.write_cache([cache], kv_c[None], k_pe[None], slots[None])
+    def insert_per_layer(kv_c: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
+                         kv_cache_dtype: str = "auto", scale: torch.Tensor | None = None) -> None:
+        if kv_cache_dtype == "auto":
+            mirror_ckv.write_cache([cache], kv_c[None], k_pe[None], slots[None])
+            return
+        fmt = {"fp8_e4m3": torch.float8_e4m3fn, "fp8": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[
+            kv_cache_dtype]
+        q = torch.cat([kv_c, k_pe], -1).float() / scale.float()
+        big = torch.finfo(fmt).max
+        q = torch.where(torch.isnan(q), q, q.clamp(-big, big)).to(fmt).view(torch.uint8)
+        keep = slots >= 0
+        s = slots[keep].to(torch.int64)
+        cache[s // cache.shape[1], s % cache.shape[1]] = q[keep]

@@ -151,3 +151,50 @@ def test_per_layer_and_grouped_inserts_write_the_same_bytes(engine, seed, layers
         ops.insert_per_layer(kv_c[layer], k_pe[layer], single[layer], slots[layer].contiguous())
     for layer in range(layers):
         assert_bitwise(single[layer], grouped[layer], f"layer {layer}'s {layout} cache: per-layer against grouped")
+
+
+@given(seed=seeds, layers=st.integers(1, 4), tokens=st.integers(1, 32), fmt=st.sampled_from(["fp8_e4m3", "fp8_e5m2"]),
+       scales=st.lists(st.floats(0.0625, 8.0, allow_nan=False, width=32), min_size=4, max_size=4, unique=True),
+       grouped=st.booleans())
+def test_fp8_cache_slots_hold_their_layers_scaled_entry_and_nothing_else_changes(engine, seed, layers, tokens, fmt,
+                                                                                  scales, grouped):
+    """An FP8 KV cache (uint8 storage), per-layer scales that differ: every mapped slot of layer l holds
+    refmodel.quant.fp8_kv_entry([kv_c | k_pe], scale_l) byte for byte (vLLM's fp32 division, saturated,
+    rounded to nearest even), skipped slots and every other byte keep theirs; so a layer's scale reaches
+    only that layer. The grouped insert takes kv_scales [L], the per-layer one its layer's scale. An insert
+    may refuse a format (it must then raise and write nothing)."""
+    from k3num.refmodel import quant
+
+    ops = _ops(engine)
+    if not grouped and not hasattr(ops, "insert_per_layer"):
+        pytest.skip(f"engine {engine.name} {engine.version}: no per-layer insert bound")
+    gen = torch.Generator().manual_seed(seed)
+    kv_lora, r, block_size = 512, 64, 16
+    num_blocks = -(-2 * tokens // block_size)
+    kv_c = (torch.randn(layers, tokens, kv_lora, generator=gen) * 4).to(LOW).to(DEVICE)
+    k_pe = (torch.randn(layers, tokens, r, generator=gen) * 4).to(LOW).to(DEVICE)
+    caches = [torch.randint(0, 256, (num_blocks, block_size, kv_lora + r), generator=gen, dtype=torch.uint8).to(DEVICE)
+              for _ in range(layers)]
+    before = [c.clone() for c in caches]
+    slots = torch.stack([torch.randperm(num_blocks * block_size, generator=gen)[:tokens] for _ in range(layers)])
+    slots[:, seed % 3:: 3] = -1
+    slots = slots.to(DEVICE)
+    kv_scales = torch.tensor(scales[:layers], dtype=torch.float32, device=DEVICE)
+    try:
+        if grouped:
+            ops.insert_grouped(kv_c, k_pe, caches, slots, fmt, kv_scales)
+        else:
+            for layer in range(layers):
+                ops.insert_per_layer(kv_c[layer], k_pe[layer], caches[layer], slots[layer].contiguous(), fmt,
+                                     kv_scales[layer:layer + 1])
+    except (RuntimeError, ValueError, NotImplementedError) as e:  # a refused format
+        for layer in range(layers):
+            assert_bitwise(caches[layer], before[layer], f"layer {layer}'s cache after a refused {fmt} insert ({e})")
+        return
+    for layer in range(layers):
+        want = before[layer].clone()
+        s, keep = slots[layer], slots[layer] >= 0
+        entries = quant.fp8_kv_entry(torch.cat([kv_c[layer], k_pe[layer]], -1), scales[layer], fmt)
+        want[s[keep] // block_size, s[keep] % block_size] = entries[keep]
+        assert_bitwise(caches[layer], want, f"layer {layer}'s {fmt} cache (scale {scales[layer]:g}, "
+                                            f"{'grouped' if grouped else 'per-layer'} insert)")

@@ -17,6 +17,8 @@ they are the boundary where quantised tensors enter the float64 oracle.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 FP8_BLOCK = 128
@@ -148,3 +150,30 @@ def dequantize_nvfp4_modelopt(
     values, s = _nvfp4_parts(weight, weight_scale)
     _require("weight_scale_2", weight_scale_2, torch.float32, 1)
     return values * s * weight_scale_2.to(torch.float64)
+
+
+FP8_KV_FORMATS = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+def fp8_kv_entry(x: torch.Tensor, scale: float, kv_cache_dtype: str) -> torch.Tensor:
+    """The bytes an FP8 KV cache holds for `x` at `scale` (vLLM 0.33.0's `fp8::scaled_convert`,
+    csrc/quantization/w8a8/fp8/nvidia/quant_utils.cuh: `__nv_cvt_float_to_fp8(float(x) / scale,
+    __NV_SATFINITE, E4M3 | E5M2)`): the fp32 quotient, correctly rounded, saturated to the format's
+    largest finite value (NaN stays NaN), rounded to nearest even in the format.
+
+    x: any shape, a float dtype (bf16 in the cache path); scale: finite and > 0 (ValueError otherwise:
+    what the engine does then is a property's finding, not this model's); returns uint8, x's shape.
+    This is an exact contract (a format conversion), not a float64 reference: it is stated in fp32
+    because the kernel divides in fp32.
+    """
+    if kv_cache_dtype not in FP8_KV_FORMATS:
+        raise ValueError(f"kv_cache_dtype: expected one of {sorted(FP8_KV_FORMATS)}, got {kv_cache_dtype!r}")
+    if not x.is_floating_point():
+        raise ValueError(f"x: expected a floating dtype, got {x.dtype}")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale: expected finite and > 0, got {scale}")
+    fmt = FP8_KV_FORMATS[kv_cache_dtype]
+    big = torch.finfo(fmt).max
+    q = x.detach().to(torch.float32).cpu() / torch.tensor(scale, dtype=torch.float32)
+    q = torch.where(torch.isnan(q), q, q.clamp(-big, big))  # __NV_SATFINITE
+    return q.to(fmt).view(torch.uint8).to(x.device)

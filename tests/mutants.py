@@ -349,9 +349,11 @@ class _BrokenOps(standins.ContextKVOps):
         out = torch.cat([p, q], -1) if is_neox else torch.stack([p, q], -1).flatten(-2)
         return out.to(low)[:, None]
 
-    def insert_per_layer(self, kv_c, k_pe, cache, slots):
+    def insert_per_layer(self, kv_c, k_pe, cache, slots, kv_cache_dtype="auto", scale=None):
+        if self.bug == "fp8_scale_multiplied" and kv_cache_dtype != "auto":
+            scale = 1.0 / scale  # x * scale where the cache holds x / scale
         if self.bug != "per_layer_insert_offset_swapped":
-            return super().insert_per_layer(kv_c, k_pe, cache, slots)
+            return super().insert_per_layer(kv_c, k_pe, cache, slots, kv_cache_dtype, scale)
         bs, keep = cache.shape[1], slots >= 0  # block and offset swapped where they fit
         s = slots[keep]
         blk, off = s // bs, s % bs
@@ -359,14 +361,19 @@ class _BrokenOps(standins.ContextKVOps):
         blk, off = torch.where(swap, off, blk), torch.where(swap, blk, off)
         cache[blk, off] = torch.cat([kv_c, k_pe], -1)[keep]
 
-    def insert_grouped(self, kv_c, k_pe, caches, slot_mapping):
+    def insert_grouped(self, kv_c, k_pe, caches, slot_mapping, kv_cache_dtype="auto", kv_scales=None):
+        if kv_cache_dtype != "auto":
+            for layer, cache in enumerate(caches):  # through this class's per-layer insert (and its bug)
+                self.insert_per_layer(kv_c[layer], k_pe[layer], cache, slot_mapping[layer], kv_cache_dtype,
+                                      kv_scales[layer:layer + 1])
+            return None
         if self.bug == "insert_pointers_in_address_order":  # the pointer array sorted by address
             caches = sorted(caches, key=lambda c: c.data_ptr())
         super().insert_grouped(kv_c, k_pe, caches, slot_mapping)
 
 
 OPS_MUTANTS = ("norm_rounded_twice", "norm_weight_row_0", "rotary_rounded_twice", "insert_pointers_in_address_order",
-               "per_layer_insert_offset_swapped")
+               "per_layer_insert_offset_swapped", "fp8_scale_multiplied")
 
 # --- the hunt's families (oracles/hunt.py): state kept between calls, rows left unwritten, reads past
 # the rows a call may read, taps lost between PP stages

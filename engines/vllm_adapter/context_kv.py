@@ -220,16 +220,17 @@ class _RealContextKVOps:
         return out
 
     def insert_grouped(self, kv_c: torch.Tensor, k_pe: torch.Tensor, caches: list[torch.Tensor],
-                       slot_mapping: torch.Tensor) -> None:
+                       slot_mapping: torch.Tensor, kv_cache_dtype: str = "auto",
+                       kv_scales: torch.Tensor | None = None) -> None:
         ptrs = torch.tensor([c.data_ptr() for c in caches], dtype=torch.int64, device=kv_c.device)
         ref = caches[0]
         self._ops.concat_and_cache_mla_grouped(kv_c, k_pe, ptrs, slot_mapping, ref.size(1), ref.stride(0),
-                                               ref.stride(1), None, "auto")
+                                               ref.stride(1), kv_scales, kv_cache_dtype)
 
     def insert_per_layer(self, kv_c: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor,
-                         slots: torch.Tensor) -> None:
+                         slots: torch.Tensor, kv_cache_dtype: str = "auto", scale: torch.Tensor | None = None) -> None:
         # a bf16 cache ("auto"): the scale is read only by the fp8 branches (cache_kernels.cu)
-        scale = torch.ones(1, dtype=torch.float32, device=kv_c.device)
-        self._ops.concat_and_cache_mla(kv_c, k_pe, cache, slots, "auto", scale)
+        scale = scale if scale is not None else torch.ones(1, dtype=torch.float32, device=kv_c.device)
+        self._ops.concat_and_cache_mla(kv_c, k_pe, cache, slots, kv_cache_dtype, scale)
 
 

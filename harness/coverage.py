@@ -64,8 +64,6 @@ UNBOUND: tuple[Row, ...] = (
         "the local torch"),
     Row("tokenspeed", "tokenspeed/runtime/layers/segmented_rmsnorm.py", "_segmented_rmsnorm_kernel", "triton", "3",
         "", "not fetched: bound with fc_norm=None only (the config without fc_norm)"),
-    Row("vllm", "csrc/cache_kernels.cu", "FP8 KV cache (kv_cache_dtype fp8_e4m3 / fp8_e5m2, kv_scales)", "cuda",
-        "1", "", "never drawn: the adapter passes kv_cache_dtype 'auto'"),
     Row("vllm", "csrc/kimi_k3/attn_res_kernel.cu", "kimi_k3_attn_res (tcgen05/TMEM)", "cuda", "2", "",
         f"{NEEDS_SM100}; built for 10.0f only, taken at hidden 7168 with dense rows and num_blocks <= 8"),
     Row("vllm", "vllm/models/kimi_k3/nvidia/ops/", "CuTe-DSL AttnRes decode", "cute-dsl", "2", "", NEEDS_SM100),

@@ -293,8 +293,24 @@ class _FlatSender(m_transfer.KVSender):
 
 
 KV_TRANSFER_MUTANTS = {"kv_transfer_ignores_decode_item_len": _FlatSender}
-# the DFlash materializer (an engine extra with DRAFT_CONTEXT_KV's signature): the K norm over all heads
-MATERIALIZE_MUTANTS = {"draft_kv_materialize_norm_across_heads": lambda *a: _draft_kv_norm_across_heads(*a)}
+class _StaleKWorkspace:
+    """The DFlash materializer's state-between-calls bug: its K workspace, kept across calls, is added to
+    instead of overwritten (the first call is right, every later one is not)."""
+
+    def __init__(self) -> None:
+        self.ws: dict = {}
+
+    def __call__(self, *args):
+        k, v = m_proj.draft_context_kv(*args)
+        ws = self.ws.setdefault((tuple(k.shape), k.device), torch.zeros(k.shape, device=k.device))
+        ws.add_(k.float())
+        return ws.to(k.dtype), v
+
+
+# the DFlash materializer (an engine extra with DRAFT_CONTEXT_KV's signature): the K norm over all heads,
+# and a workspace that keeps state between calls
+MATERIALIZE_MUTANTS = {"draft_kv_materialize_norm_across_heads": lambda *a: _draft_kv_norm_across_heads(*a),
+                       "draft_kv_materialize_stale_workspace": _StaleKWorkspace()}
 
 
 def _tap_owned_by_producing_layer(layer_id, num_layers, stream):

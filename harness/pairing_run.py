@@ -189,6 +189,25 @@ def _run_side(inner, args, kwargs, side: str) -> tuple[str, str, list]:
     return outcome, why, COLLECTOR.records[n0:]
 
 
+def _recording(kwargs: dict) -> tuple[dict, dict[str, _Recorder]]:
+    """The head's kwargs, each `st.data()` object wrapped to record its draws, and the recorders."""
+    data_keys = [k for k, v in kwargs.items() if hasattr(v, "draw") and type(v).__name__ == "DataObject"]
+    head_kwargs, recorders = dict(kwargs), {}
+    for k in data_keys:
+        recorders[k] = head_kwargs[k] = _Recorder(kwargs[k])
+    return head_kwargs, recorders
+
+
+def _replayed(kwargs: dict, recorders: dict[str, _Recorder], **extra) -> dict:
+    return {**kwargs, **extra, **{k: _Replay(r.values) for k, r in recorders.items()}}
+
+
+def _head_passes_again(inner, args, kwargs: dict, recorders: dict[str, _Recorder]) -> bool:
+    """The head's failing case run CONFIRM more times: True as soon as one passes (the failure is flaky)."""
+    return any(_run_side(inner, args, _replayed(kwargs, recorders), "rerun")[0] == pairing.PASS
+               for _ in range(CONFIRM))
+
+
 def _paired(inner, config: pytest.Config):
     if getattr(inner, "_k3num_paired", False):
         return inner
@@ -201,16 +220,12 @@ def _paired(inner, config: pytest.Config):
         base = base_for(config, head)
         node = COLLECTOR.node
         example = _COUNT[node] = _COUNT.get(node, 0) + 1
-        data_keys = [k for k, v in kwargs.items() if hasattr(v, "draw") and type(v).__name__ == "DataObject"]
-        head_kwargs, recorders = dict(kwargs), {}
-        for k in data_keys:
-            recorders[k] = head_kwargs[k] = _Recorder(kwargs[k])
+        head_kwargs, recorders = _recording(kwargs)
         oracle_memo.new_example()
         before = dict(oracle_memo.STATS)
         h, h_why, h_recs = _run_side(inner, args, head_kwargs, "head")
         def base_pass():
-            base_kwargs = {**kwargs, "engine": base, **{k: _Replay(r.values) for k, r in recorders.items()}}
-            return _run_side(inner, args, base_kwargs, "base")
+            return _run_side(inner, args, _replayed(kwargs, recorders, engine=base), "base")
 
         b, b_why, b_recs = base_pass()
         if h == pairing.SKIP and b == pairing.SKIP:
@@ -225,12 +240,8 @@ def _paired(inner, config: pytest.Config):
                     b, b_why = again, f"{again_why} (on a rerun of the same case)"
                     break
             else:
-                for _ in range(CONFIRM):
-                    again, _why, _recs = _run_side(inner, args, {**kwargs, **{
-                        k: _Replay(r.values) for k, r in recorders.items()}}, "rerun")
-                    if again == pairing.PASS:
-                        h = pairing.FLAKY
-                        break
+                if _head_passes_again(inner, args, kwargs, recorders):
+                    h = pairing.FLAKY
         _EXAMPLES.append({"node": node, "example": example, "head": h, "base": b, "head_why": h_why,
                           "base_why": b_why, "ledger": _LEDGER.get(node, ""),
                           **{f"oracle_{k}": oracle_memo.STATS[k] - before[k] for k in oracle_memo.STATS}})
@@ -262,24 +273,16 @@ def _solo(inner):
         if not isinstance(engine, Engine):
             return inner(*args, **kwargs)
         node = COLLECTOR.node
-        data_keys = [k for k, v in kwargs.items() if hasattr(v, "draw") and type(v).__name__ == "DataObject"]
+        first, recorders = _recording(kwargs)
         given = copy.deepcopy({k: v for k, v in kwargs.items()
-                               if k not in _FIXTURES.get(node, ("engine",)) and k not in data_keys})
-        first, recorders = dict(kwargs), {}
-        for k in data_keys:
-            recorders[k] = first[k] = _Recorder(kwargs[k])
+                               if k not in _FIXTURES.get(node, ("engine",)) and k not in recorders})
         outcome, why, recs = _run_side(inner, args, first, "head")  # a rejected draw raises through
         example = _COUNT[node] = _COUNT.get(node, 0) + 1
         drawn = {k: r.values for k, r in recorders.items()}
         _CASES.append({"key": pairing.node_key(node, engine.name), "example": example, "given": given,
                        "drawn": drawn})
-        if outcome == pairing.FAIL:
-            for _ in range(CONFIRM):
-                again, _why, _recs = _run_side(inner, args, {**kwargs, **{
-                    k: _Replay(r.values) for k, r in recorders.items()}}, "rerun")
-                if again == pairing.PASS:
-                    outcome = pairing.FLAKY
-                    break
+        if outcome == pairing.FAIL and _head_passes_again(inner, args, kwargs, recorders):
+            outcome = pairing.FLAKY
         _EXAMPLES.append({"node": node, "example": example, "side": "head", "engine": engine.name,
                           "outcome": outcome, "why": why, "ledger": _LEDGER.get(node, ""),
                           "case": case_key(given, drawn)})

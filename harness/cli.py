@@ -39,6 +39,11 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         try:
             if name.endswith("-csrc"):
                 fetch.fetch_csrc(name.removesuffix("-csrc"))
+            elif name.endswith("-bin"):
+                engine = name.removesuffix("-bin")
+                fetch.fetch(engine)  # the wheels the libraries come from, checked
+                for key in (k for k, b in fetch.BINARIES.items() if b.engine == engine):
+                    print(f"[fetch] {key}: {fetch.binary(key, log=print)}")
             else:
                 fetch.fetch(name)
         except fetch.FetchError as e:
@@ -48,7 +53,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def fetch_targets() -> list[str]:
-    return sorted(fetch.PINS) + [f"{name}-csrc" for name in sorted(fetch.SDISTS)]
+    return (sorted(fetch.PINS) + [f"{name}-csrc" for name in sorted(fetch.SDISTS)]
+            + sorted({f"{b.engine}-bin" for b in fetch.BINARIES.values()}))
 
 
 def cmd_build_ops(args: argparse.Namespace) -> int:

@@ -63,7 +63,28 @@ class Pin:
     # sha256 of the MANIFEST.json that extracting `files` from the pinned wheel writes
     # (`manifest_text`): a manifest edited to match an edited file is caught too
     manifest_sha256: str = ""
+    # wheels the engine requires whose files live in the same tree, as in a site-packages directory
+    # (TokenSpeed's tokenspeed_kernel): each pinned by its own sha256; `files` lists theirs too, and
+    # a file is taken from the companion whose `files` name it, else from this wheel
+    companions: tuple["Pin", ...] = ()
 
+    def wheel_of(self, rel: str) -> "Pin":
+        """The pin of the wheel that holds `rel`: a companion's, or this one."""
+        return next((c for c in self.companions if rel in c.files), self)
+
+    def wheels(self) -> tuple["Pin", ...]:
+        return (self, *self.companions)
+
+
+# TokenSpeed 0.1.1 requires tokenspeed-kernel>=0.1.4: the K3 kernels it calls on an H200
+TOKENSPEED_KERNEL_FILES = (
+    "tokenspeed_kernel/ops/residual/torch.py",
+    "tokenspeed_kernel/ops/residual/__init__.py",
+    "tokenspeed_kernel/ops/embedding/__init__.py",
+    "tokenspeed_kernel/ops/embedding/triton.py",
+    "tokenspeed_kernel/ops/kvcache/triton.py",
+    "tokenspeed_kernel/thirdparty/cuda/rope.py",
+)
 
 PINS: dict[str, Pin] = {
     "vllm": Pin(
@@ -105,8 +126,15 @@ PINS: dict[str, Pin] = {
     ),
     "tokenspeed": Pin(
         "tokenspeed", "tokenspeed", "0.1.1", "c20d4e87830c821f0b36f665baff999c4d08603b38becc6be33dc2636b97fb19",
-        ("tokenspeed/runtime/models/kimi_k3_dspark.py", "tokenspeed/runtime/execution/dspark_context.py"),
-        manifest_sha256="4f49c1f74ac55e00d69efe3eed7d88db87afdac76707ab972dc92f6983da4ef1",
+        ("tokenspeed/runtime/models/kimi_k3_dspark.py", "tokenspeed/runtime/execution/dspark_context.py",
+         "tokenspeed/runtime/models/kimi_k3.py", "tokenspeed/runtime/layers/segmented_rmsnorm.py",
+         *TOKENSPEED_KERNEL_FILES),
+        manifest_sha256="bc39d5ff776725bfd5f435c784d8bb9be756e6650ed3a7794449045f32c63f12",
+        companions=(Pin("tokenspeed", "tokenspeed-kernel", "0.1.4",
+                        "958ed94e8ec272ba198277bda56b0b4fa10b03626a80bb7d2a5a50440cd0b38b", TOKENSPEED_KERNEL_FILES,
+                        # the wheel is cp311-only, like SGLang's
+                        ("--only-binary=:all:", "--python-version", "3.11", "--platform",
+                         "manylinux_2_28_x86_64")),),
     ),
 }
 
@@ -380,19 +408,23 @@ def verified_manifest(engine: str, *, log: Log = _warn) -> dict[str, str]:
             problems = cache_problems(engine) or []
             if problems:
                 wheels = cache_root() / "wheels"
-                wheel = _find_wheel(pin, wheels) if wheels.exists() else None
-                if wheel is None:
+                found = {w: _find_wheel(w, wheels) if wheels.exists() else None for w in pin.wheels()}
+                lacking = [w for w, path in found.items() if path is None]
+                if lacking:
                     raise FetchError(
-                        f"{engine}: the cache does not hold the pinned {pin.version} bytes, and the wheel is not in "
-                        f"{wheels} to re-extract them from: {'; '.join(problems)}. Run `k3num fetch {engine}` to "
-                        f"restore them, or --engine-src {engine}=PATH to test modified files on purpose")
-                _check_wheel(pin, wheel, delete=False)
-                _extract(pin, wheel, root)
+                        f"{engine}: the cache does not hold the pinned {pin.version} bytes, and the wheel "
+                        f"{', '.join(f'{w.dist}=={w.version}' for w in lacking)} is not in {wheels} to re-extract "
+                        f"them from: {'; '.join(problems)}. Run `k3num fetch {engine}` to restore them, or "
+                        f"--engine-src {engine}=PATH to test modified files on purpose")
+                for w, path in found.items():
+                    _check_wheel(w, path, delete=False)
+                _extract(pin, found, root)
+                names = ", ".join(path.name for path in found.values())
                 log(f"[fetch] {engine}: the cache differed from the pinned bytes ({'; '.join(problems)}); "
-                    f"re-extracted from the verified wheel {wheel.name}")
+                    f"re-extracted from the verified wheel {names}")
                 left = cache_problems(engine)
                 if left:
-                    raise FetchError(f"{engine}: still differs after re-extracting from {wheel.name}: "
+                    raise FetchError(f"{engine}: still differs after re-extracting from {names}: "
                                      f"{'; '.join(left)}")
             recorded = manifest(engine)
     else:
@@ -438,33 +470,35 @@ def _check_wheel(pin: Pin, wheel: Path, *, delete: bool) -> None:
                          + (" and deleted" if delete else ""))
 
 
-def _extract(pin: Pin, wheel: Path, root: Path) -> dict[str, str]:
-    """Write the pinned files and their MANIFEST.json from a checked wheel; the manifest must hash to
-    its pin (else the pin's file list and its manifest_sha256 disagree: a harness bug).
+def _extract(pin: Pin, wheels: dict[Pin, Path], root: Path) -> dict[str, str]:
+    """Write the pinned files and their MANIFEST.json from the checked wheels (`wheels`: the pin's own
+    and its companions', each file from `Pin.wheel_of`); the manifest must hash to its pin (else the
+    pin's file list and its manifest_sha256 disagree: a harness bug).
 
     Called under the tree's `cache_lock`. Each file is replaced atomically (`atomic_write`) and the
     manifest is written last, so a process killed midway leaves correct files, temporary files and
     a manifest that does not vouch for them: the next process repairs the tree."""
     root.mkdir(parents=True, exist_ok=True)
     remove_temporaries(root)
-    hashes: dict[str, str] = {}
-    with zipfile.ZipFile(wheel) as zf:
-        names = set(zf.namelist())
-        for rel in pin.files:
-            if rel not in names:
-                raise FetchError(f"{pin.engine}: {rel} is not in {wheel.name}")
-            data = zf.read(rel)
-            hashes[rel] = hashlib.sha256(data).hexdigest()
-        text = manifest_text(hashes)
-        got = hashlib.sha256(text.encode()).hexdigest()
-        if pin.manifest_sha256 and got != pin.manifest_sha256:
-            raise FetchError(f"{pin.engine}: the manifest of {wheel.name}'s pinned files has sha256 {got}, "
-                             f"Pin.manifest_sha256 is {pin.manifest_sha256} (supply/fetch.py: update the pin "
-                             "together with its file list)")
-        for rel in pin.files:
-            target = root / rel
-            if not target.is_file() or sha256_of(target) != hashes[rel]:
-                atomic_write(target, zf.read(rel))
+    blobs: dict[str, bytes] = {}
+    for w, wheel in wheels.items():
+        with zipfile.ZipFile(wheel) as zf:
+            names = set(zf.namelist())
+            for rel in (f for f in pin.files if pin.wheel_of(f) is w):
+                if rel not in names:
+                    raise FetchError(f"{pin.engine}: {rel} is not in {wheel.name}")
+                blobs[rel] = zf.read(rel)
+    hashes = {rel: hashlib.sha256(blobs[rel]).hexdigest() for rel in pin.files}
+    text = manifest_text(hashes)
+    got = hashlib.sha256(text.encode()).hexdigest()
+    if pin.manifest_sha256 and got != pin.manifest_sha256:
+        raise FetchError(f"{pin.engine}: the manifest of {', '.join(w.name for w in wheels.values())}'s pinned files "
+                         f"has sha256 {got}, Pin.manifest_sha256 is {pin.manifest_sha256} (supply/fetch.py: update "
+                         "the pin together with its file list)")
+    for rel in pin.files:
+        target = root / rel
+        if not target.is_file() or sha256_of(target) != hashes[rel]:
+            atomic_write(target, blobs[rel])
     atomic_write(root / MANIFEST, text.encode())
     return hashes
 
@@ -487,16 +521,78 @@ def fetch(engine: str, *, log: Log = print) -> Path:
             log(f"[fetch] {engine} {pin.version}: up to date in {root} (fetched by another process)")
             return root
         wheels = cache_root() / "wheels"
-        wheel = _find_wheel(pin, wheels) if wheels.exists() else None
-        if wheel is None:
-            wheel = _download(pin, wheels, log)
-        _check_wheel(pin, wheel, delete=True)
-        hashes = _extract(pin, wheel, root)
+        found: dict[Pin, Path] = {}
+        for w in pin.wheels():
+            wheel = _find_wheel(w, wheels) if wheels.exists() else None
+            if wheel is None:
+                wheel = _download(w, wheels, log)
+            _check_wheel(w, wheel, delete=True)
+            found[w] = wheel
+        hashes = _extract(pin, found, root)
     _VERIFIED.pop((engine, root), None)
-    log(f"[fetch] {engine} {pin.version}: wheel sha256 ok; extracted {len(hashes)} files to {root}")
+    log(f"[fetch] {engine} {pin.version}: wheel sha256 ok ({', '.join(w.name for w in found.values())}); extracted "
+        f"{len(hashes)} files to {root}")
     for rel, h in sorted(hashes.items()):
         log(f"         {rel}  sha256 {h[:16]}...")
     return root
+
+
+# --- compiled libraries inside a pinned wheel (run on a GPU, never read as source) ---------------------
+
+
+@dataclass(frozen=True)
+class BinaryPin:
+    """A compiled library shipped inside a pinned wheel (`wheel`, one of `PINS[engine].wheels()`),
+    by its member path and sha256 (the wheel's RECORD). Extracted, on demand, to
+    `<cache>/<engine>-<version>-bin/<member>`, which a GPU run carries like the source tree."""
+
+    engine: str
+    name: str
+    dist: str
+    member: str
+    sha256: str
+
+
+BINARIES: dict[str, BinaryPin] = {
+    # tokenspeed-kernel's CUDA RoPE (apply_k_rope's PERFORMANT kernel on NVIDIA), loaded through tvm_ffi
+    "tokenspeed:rope": BinaryPin("tokenspeed", "rope", "tokenspeed-kernel",
+                                 "tokenspeed_kernel/thirdparty/cuda/objs/rope/rope.so",
+                                 "601544a49efada1abe8362cde5a099fa4cfde3f90ef65447dcf1777c6747da5b"),
+}
+
+
+def binary_dir(engine: str) -> Path:
+    pin = PINS[engine]
+    return cache_root() / f"{pin.engine}-{pin.version}-bin"
+
+
+def binary(key: str, *, extract: bool = True, log: Log = _warn) -> Path:
+    """The path of the pinned library `key` ("ENGINE:NAME"), its sha256 checked now; extracted from the
+    cached wheel (itself checked against its pin) when missing or different and `extract` is set.
+    FetchError names what is missing or wrong."""
+    b = BINARIES[key]
+    target = binary_dir(b.engine) / b.member
+    if target.is_file() and sha256_of(target) == b.sha256:
+        return target
+    found = sha256_of(target) if target.is_file() else "none (the file is missing)"
+    wheel_pin = next((w for w in PINS[b.engine].wheels() if w.dist == b.dist), None)
+    wheels = cache_root() / "wheels"
+    wheel = _find_wheel(wheel_pin, wheels) if wheel_pin is not None and wheels.exists() else None
+    if not extract or wheel is None:
+        raise FetchError(f"{key}: {target} expected sha256 {b.sha256}, found {found}; the wheel {b.dist} is not in "
+                         f"{wheels} to extract it from (run `k3num fetch {b.engine}` on a machine with network, then "
+                         "carry the -bin folder)")
+    with cache_lock(target.parent.name, log=log):
+        _check_wheel(wheel_pin, wheel, delete=False)
+        with zipfile.ZipFile(wheel) as zf:
+            data = zf.read(b.member)
+        got = hashlib.sha256(data).hexdigest()
+        if got != b.sha256:
+            raise FetchError(f"{key}: {b.member} in {wheel.name} has sha256 {got}, BinaryPin says {b.sha256}")
+        atomic_write(target, data)
+        os.chmod(target, 0o755)
+    log(f"[fetch] {key}: extracted {b.member} ({len(data) // 1024} KiB, sha256 ok) to {target}")
+    return target
 
 
 # --- the source distribution's CUDA sources (vLLM's compiled ops, built by `k3num build-ops`) ---------

@@ -53,6 +53,51 @@ def test_fetch_refuses_and_deletes_a_wheel_whose_sha256_differs(cache: Path, mon
     assert not wheel.exists()
 
 
+def _companion_pin(monkeypatch: pytest.MonkeyPatch, sha: str, kernel_sha: str) -> None:
+    kernel = fetch.Pin("toy", "toy-kernel", "0.2", kernel_sha, ("toy_kernel/k.py",))
+    monkeypatch.setitem(fetch.PINS, "toy", fetch.Pin("toy", "toy-engine", "1.0", sha, ("toy/a.py", "toy_kernel/k.py"),
+                                                     companions=(kernel,)))
+
+
+def test_a_companion_wheel_lands_in_the_same_tree_as_in_site_packages(cache: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """TokenSpeed's layout: the engine wheel and the kernel wheel it requires, one tree, one manifest; an
+    edited kernel file is repaired from the kernel wheel."""
+    wheel = _wheel(cache / "wheels", "toy_engine", "1.0", {"toy/a.py": "A = 1\n"})
+    kwheel = _wheel(cache / "wheels", "toy_kernel", "0.2", {"toy_kernel/k.py": "K = 3\n", "toy_kernel/x.so": "bin"})
+    _companion_pin(monkeypatch, fetch.sha256_of(wheel), fetch.sha256_of(kwheel))
+    root = fetch.fetch("toy", log=lambda _: None)
+    assert (root / "toy/a.py").read_text() == "A = 1\n" and (root / "toy_kernel/k.py").read_text() == "K = 3\n"
+    assert not (root / "toy_kernel/x.so").exists()
+    assert set(fetch.manifest("toy")) == {"toy/a.py", "toy_kernel/k.py"}
+    (root / "toy_kernel/k.py").write_text("K = 4\n")
+    fetch.forget_verified()
+    lines: list[str] = []
+    fetch.verified_manifest("toy", log=lines.append)
+    assert (root / "toy_kernel/k.py").read_text() == "K = 3\n" and "toy_kernel-0.2" in lines[0]
+
+
+def test_a_companion_wheel_whose_sha256_differs_is_refused_and_deleted(cache: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    wheel = _wheel(cache / "wheels", "toy_engine", "1.0", {"toy/a.py": "A = 1\n"})
+    kwheel = _wheel(cache / "wheels", "toy_kernel", "0.2", {"toy_kernel/k.py": "K = 3\n"})
+    _companion_pin(monkeypatch, fetch.sha256_of(wheel), "0" * 64)
+    with pytest.raises(fetch.FetchError, match=r"toy_kernel-0.2-py3-none-any.whl has sha256 [0-9a-f]{64}, the pin is "
+                                               r"0{64}: refused and deleted"):
+        fetch.fetch("toy", log=lambda _: None)
+    assert wheel.exists() and not kwheel.exists()
+    assert not (cache / "toy-1.0" / fetch.MANIFEST).exists()
+
+
+def test_the_tokenspeed_pin_carries_tokenspeed_kernel_0_1_4_by_its_sha256() -> None:
+    pin = fetch.PINS["tokenspeed"]
+    (kernel,) = pin.companions
+    assert (kernel.dist, kernel.version, kernel.sha256) == (
+        "tokenspeed-kernel", "0.1.4", "958ed94e8ec272ba198277bda56b0b4fa10b03626a80bb7d2a5a50440cd0b38b")
+    assert all(pin.wheel_of(f) is kernel for f in pin.files if f.startswith("tokenspeed_kernel/"))
+    assert all(pin.wheel_of(f) is pin for f in pin.files if f.startswith("tokenspeed/"))
+
+
 def test_fetch_without_network_says_so(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # an index nobody listens on: pip fails at once, as it does on a machine without network
     _pin(monkeypatch, "0" * 64, ("toy/a.py",),

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from k3num.engines import base, source, standins
+from k3num.engines import base, source, standins, tokenspeed_attn_res, tokenspeed_kernels, triton_support
 from k3num.engines.mirror.context_kv import rope_cache
 from k3num.engines.registry import EngineUnavailable
 from k3num.supply import fetch, installed
@@ -42,12 +42,34 @@ CONTEXT_PY = "tokenspeed/runtime/execution/dspark_context.py"
 # what this adapter lifts, for `k3num coverage`: (file, function) -> (language, K3 path, subject or contract)
 BOUND = {
     (MODEL_PY, "K3DSparkModel.project_target_tap"): ("python", "3", "stage_partial"),
-    (CONTEXT_PY, "DSparkContextProducer.add_capture"): ("python", "3", "stage_partial"),
+    (CONTEXT_PY, "DSparkContextProducer.add_capture"): ("python", "3", "stage_partial,pp_taps"),
     (MODEL_PY, "K3DSparkModel.finalize_target_projection"): ("python", "3", "finalize_projection"),
-    (MODEL_PY, "K3DSparkModel.project_target_hidden"): ("python", "3", "project_unsharded"),
     (MODEL_PY, "_context_tap_owner_layer"): ("python", "2", "tap_owner"),
     (MODEL_PY, "K3DSparkAttention.project_latent_kv"): ("python", "1", "context_kv_unfused"),
     (MODEL_PY, "K3DSparkAttention.apply_latent_rope"): ("python", "1", "context_kv_unfused"),
+    (MODEL_PY, "K3DSparkModel.project_target_hidden"): ("python", "3", "project_unsharded,project_unsharded_fc_norm"),
+    (tokenspeed_kernels.SEGMENTED_PY, "segmented_rmsnorm"): ("python", "3", "segmented_rmsnorm"),
+    (tokenspeed_kernels.SEGMENTED_PY, "_segmented_rmsnorm_kernel"): ("triton", "3", "segmented_rmsnorm"),
+    (tokenspeed_kernels.EMBED_INIT_PY, "apply_k_rope"): ("python", "1", "context_kv_unfused,context_kv_ops"),
+    (tokenspeed_kernels.EMBED_INIT_PY, "apply_rope"): ("python", "1", "context_kv_unfused,context_kv_ops"),
+    (tokenspeed_kernels.EMBED_TRITON_PY, "apply_rope_triton"): ("python", "1", "context_kv_unfused,context_kv_ops"),
+    (tokenspeed_kernels.EMBED_TRITON_PY, "_rope_apply_kernel"): ("triton", "1", "context_kv_unfused,context_kv_ops"),
+    (tokenspeed_kernels.ROPE_PY, "apply_rope_with_cos_sin_cache_inplace"): (
+        "cuda", "1", "context_kv_unfused,context_kv_ops"),
+    (tokenspeed_kernels.KVCACHE_TRITON_PY, "set_mla_kv_buffer_triton"): ("python", "1", "context_kv_ops"),
+    (tokenspeed_kernels.KVCACHE_TRITON_PY, "_set_mla_kv_buffer_kernel"): ("triton", "1", "context_kv_ops"),
+    (tokenspeed_kernels.KVCACHE_TRITON_PY, "_set_mla_kv_buffer_per_loc_kernel"): ("triton", "1", "context_kv_ops"),
+    (tokenspeed_kernels.RESIDUAL_TORCH_PY, "torch_attn_res_fwd"): ("python", "2", "attn_res,aux_capture,pp_taps"),
+    (tokenspeed_attn_res.RESIDUAL_INIT_PY, "attn_res_fwd"): ("python", "2", "attn_res,aux_capture,pp_taps"),
+    (tokenspeed_attn_res.RESIDUAL_INIT_PY, "select_attn_res_fwd_kernel"): ("python", "2", "attn_res"),
+    (tokenspeed_attn_res.MODEL_PY, "_apply_attn_res"): ("python", "2", "aux_capture,pp_taps"),
+    (tokenspeed_attn_res.MODEL_PY, "KimiLinearDecoderLayer.capture_attnres"): ("python", "2", "aux_capture,pp_taps"),
+    (tokenspeed_attn_res.MODEL_PY, "KimiLinearModel._dspark_capture_stream"): ("python", "2", "aux_capture,pp_taps"),
+    (tokenspeed_attn_res.MODEL_PY, "KimiLinearModel.forward"): ("python", "2", "pp_taps"),
+    (tokenspeed_attn_res.MODEL_PY, "KimiLinearModel._refresh_dflash_capture_fallback"): ("python", "2", "pp_taps"),
+    (tokenspeed_attn_res.MODEL_PY, "KimiLinearForCausalLM.set_dflash_layers_to_capture"): ("python", "2", "pp_taps"),
+    (tokenspeed_attn_res.MODEL_PY, "KimiLinearForCausalLM.set_dflash_aux_hidden_stream"): ("python", "2", "pp_taps"),
+    (CONTEXT_PY, "DSparkContextProducer.begin_stage"): ("python", "2", "pp_taps"),
 }
 STANDIN_OPS = ("stand-in: ReplicatedLinear (torch linear), RMSNorm layer (fp32 math, one rounding), "
                "tokenspeed_kernel apply_k_rope (fp32 math, one rounding; fp32 cos/sin cache)")
@@ -83,9 +105,26 @@ def build() -> base.Engine:
         raise EngineUnavailable(f"tokenspeed {PIN.version} source is not in {root}: run `k3num fetch tokenspeed`")
     files = inst.root if inst else root
     model_py, context_py = files / MODEL_PY, files / CONTEXT_PY
-    # globals of the lifted code: the installed modules' own, or torch and stand-ins for the kernels
-    model_ns = inst.namespace(MODEL_PY, {}) if inst else {"torch": torch, "segmented_rmsnorm": None,
-                                                           "apply_k_rope": _apply_k_rope}
+    interpret = not torch.cuda.is_available()
+    kern, kern_note = None, ""
+    if inst is None:
+        try:
+            if interpret:
+                triton_support.require_interpreter()
+                triton_support.round_bf16_to_nearest_even()
+            kern = tokenspeed_kernels.load(files, interpret)
+        except (EngineUnavailable, source.SourceError) as e:
+            kern_note = f"tokenspeed-kernel's Triton kernels are not bound ({e}): stand-ins run instead"
+    try:
+        attn = tokenspeed_attn_res.bind(files, source.lift(files / tokenspeed_kernels.RESIDUAL_TORCH_PY,
+                                                           "torch_attn_res_fwd", {"torch": torch}))
+    except (source.SourceError, OSError) as e:
+        raise EngineUnavailable(f"tokenspeed {PIN.version}: {e}") from e
+    # globals of the lifted code: the installed modules' own, or torch and the pinned kernels (stand-ins
+    # where triton is missing)
+    model_ns = inst.namespace(MODEL_PY, {}) if inst else {
+        "torch": torch, "segmented_rmsnorm": kern.segmented_rmsnorm if kern else None,
+        "apply_k_rope": kern.apply_k_rope if kern else _apply_k_rope}
     context_ns = inst.namespace(CONTEXT_PY, {}) if inst else {"torch": torch}
     try:
         for qual, want in (("K3DSparkModel.project_target_tap", ["self", "capture_idx", "hidden"]),
@@ -154,29 +193,100 @@ def build() -> base.Engine:
         model = _model(h, fc, tuple(range(k)), standins.RMSNorm(norm, eps), lifted)
         return lifted["hidden"](model, taps.permute(1, 0, 2).reshape(n, k * h))
 
+    def unsharded_fc_norm(taps: torch.Tensor, fc: torch.Tensor, fc_norm: torch.Tensor | None, norm: torch.Tensor,
+                          eps: float) -> torch.Tensor:
+        """project_target_hidden on a draft whose config has fc_norm (fc_norm [K, H]: one RMSNorm per tap,
+        their weights stacked as load_weights leaves `_fc_norm_weight`), or without it (None)."""
+        k, n, h = taps.shape
+        model = _model(h, fc, tuple(range(k)), standins.RMSNorm(norm, eps), lifted)
+        if fc_norm is not None:
+            model.fc_norm = [standins.RMSNorm(fc_norm[i], eps) for i in range(k)]
+            model._fc_norm_weight = fc_norm.contiguous()
+        return lifted["hidden"](model, taps.permute(1, 0, 2).reshape(n, k * h).contiguous())
+
     sha = inst.sha256(MODEL_PY) if inst else fetch.verified_manifest("tokenspeed")[MODEL_PY]
-    return base.Engine(
-        name="tokenspeed", version=inst.version if inst else fetch.version_label("tokenspeed"),
-        mode="import" if inst else "source-lifted", real_ops=IMPORT_OPS if inst else STANDIN_OPS, mode_note=note,
-        subjects={base.STAGE_PARTIAL: stage_partial, base.FINALIZE_PROJECTION: finalize,
-                  base.PROJECT_UNSHARDED: unsharded, base.CONTEXT_KV_UNFUSED: context_kv},
-        source_sha256={s: sha for s in (base.STAGE_PARTIAL, base.FINALIZE_PROJECTION, base.PROJECT_UNSHARDED,
-                                        base.CONTEXT_KV_UNFUSED)},
+    sha_of = inst.sha256 if inst else (lambda rel: fetch.verified_manifest("tokenspeed")[rel])
+    extras: dict[str, Any] = {
+        "tap_owner": owner,
         # the roundings inside the sharded path that the property's budget must count (model.py):
         # project_target_tap returns linear(hidden, weight) in the weight dtype, one bf16 rounding per
         # tap, summed into the fp32 stage accumulator; finalize_target_projection casts the fp32 sum to
         # the norm weight's dtype before the norm, one more rounding of the pre-norm sum
-        extras={"tap_owner": owner,
-                "projection_roundings": {"tap": torch.bfloat16, "tap_accumulate": torch.float32,
-                                         "pre_norm": torch.bfloat16}},
+        "projection_roundings": {"tap": torch.bfloat16, "tap_accumulate": torch.float32, "pre_norm": torch.bfloat16},
+        # torch_attn_res_fwd rounds the mix to bf16 before its fused output norm takes its statistics
+        "attn_res_roundings": {"pre_out_norm": torch.bfloat16},
+        # select_attn_res_fwd_kernel's precondition: a block write appends (write == num_valid_blocks)
+        "attn_res_admits": lambda num_blocks, write, bank: write == -1 or (write == num_blocks and write < bank),
+        # an AttnRes tap is taken on the stage that owns its consumer (_context_tap_owner_layer)
+        "aux_capture_owner_stage": True,
+        "pp_taps": attn.pp_taps, "pp_taps_standins": tokenspeed_attn_res.STANDINS, "pp_taps_hidden": True,
+    }
+    real = IMPORT_OPS if inst else STANDIN_OPS
+    mode = "import" if inst else "source-lifted"
+    notes = [note, kern_note]
+    if kern is not None:
+        extras["context_kv_ops"] = _Ops(kern)
+        if not interpret or kern.segmented_rmsnorm is not None:
+            extras["project_unsharded_fc_norm"] = unsharded_fc_norm
+            extras["segmented_rmsnorm"] = kern.segmented_rmsnorm
+        mode = "source-interpreter" if interpret else "source-gpu"
+        real = KERNEL_OPS
+        notes += [kern.note, *((triton_support.NEAREST_EVEN_ADAPTATION,) if interpret else ())]
+    return base.Engine(
+        name="tokenspeed", version=inst.version if inst else fetch.version_label("tokenspeed"),
+        mode=mode, real_ops=real, mode_note="; ".join(filter(None, notes)),
+        subjects={base.STAGE_PARTIAL: stage_partial, base.FINALIZE_PROJECTION: finalize,
+                  base.PROJECT_UNSHARDED: unsharded, base.CONTEXT_KV_UNFUSED: context_kv,
+                  base.ATTN_RES: attn.attn_res, base.AUX_CAPTURE: attn.aux_capture},
+        source_sha256={**{s: sha for s in (base.STAGE_PARTIAL, base.FINALIZE_PROJECTION, base.PROJECT_UNSHARDED,
+                                           base.CONTEXT_KV_UNFUSED)},
+                       base.ATTN_RES: sha_of(tokenspeed_kernels.RESIDUAL_TORCH_PY),
+                       base.AUX_CAPTURE: sha_of(tokenspeed_attn_res.MODEL_PY),
+                       "pp_taps": sha_of(tokenspeed_attn_res.MODEL_PY)},
+        extras=extras,
         missing={
             base.CONTEXT_KV_FUSED: "TokenSpeed 0.1.1 projects context KV per draft layer (bound as the per-layer "
                                    "subject context_kv_unfused); it has no cross-layer fused GEMM",
-            base.ATTN_RES: "not bound yet: TokenSpeed 0.1.1 has AttnRes (runtime/models/kimi_k3.py _apply_attn_res, "
-                           "calling tokenspeed-kernel 0.1.4's attn_res_fwd), but neither file is fetched here",
-            base.AUX_CAPTURE: "not bound yet: TokenSpeed 0.1.1 mixes its taps in runtime/models/kimi_k3.py "
-                              "(capture_attnres, _dspark_capture_stream), which is not fetched here (its stage "
-                              "assignment, _context_tap_owner_layer, is checked as the tap_owner contract)",
             base.DRAFT_CONTEXT_KV: "TokenSpeed 0.1.1's DSpark draft is MLA; the DFlash GQA path is SGLang's",
+            **{s: "TokenSpeed 0.1.1 has one AttnRes entry point, attn_res_fwd (bound as attn_res; its read-only "
+                  "calls are the aux tap's, bound as aux_capture)"
+               for s in (base.ATTN_RES_MIX, base.ATTN_RES_MIX_TRITON, base.ATTN_RES_MIX_EAGER, base.ATTN_RES_RESIDUAL)},
         },
     )
+
+
+KERNEL_OPS = ("real: tokenspeed-kernel apply_k_rope (the Triton kernel, or the CUDA rope.so where it loads: the mode "
+              "note says which), set_mla_kv_buffer_triton, torch_attn_res_fwd, _segmented_rmsnorm_kernel; stand-in: "
+              "ReplicatedLinear (torch linear), RMSNorm layer (fp32 math, one rounding)")
+
+
+class _Ops:
+    """TokenSpeed's context-KV ops under properties/test_context_kv_ops.py's interface (rotary,
+    insert_per_layer; it has no grouped norm nor grouped insert)."""
+
+    def __init__(self, kern: Any) -> None:
+        self.kern = kern
+
+    def rotary(self, positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tensor,
+               is_neox: bool) -> torch.Tensor:
+        """apply_k_rope on a copy (it rotates k in place), head_size = the rotary width, as apply_latent_rope."""
+        return self.kern.apply_k_rope(positions, x.clone(), x.shape[-1], cos_sin_cache, is_neox=is_neox)
+
+    def insert_per_layer(self, kv_c: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
+                         kv_cache_dtype: str = "auto", scale: torch.Tensor | None = None) -> None:
+        """set_mla_kv_buffer_triton into the layer's [NB, BS, W] cache seen as TokenSpeed's pool does, one
+        row per slot. TokenSpeed skips a row by its write_mask, not by a negative slot: a skipped slot (< 0)
+        becomes write_mask False with its location pointed at a slot another row writes (the kernel must
+        neither read nor write it)."""
+        if kv_cache_dtype != "auto":
+            raise NotImplementedError("TokenSpeed's MLA pool converts FP8 rows at unit scale (the kernel's .to() of "
+                                      "an fp8 view); it takes no per-layer scale")
+        nb, bs, w = cache.shape
+        if cache.stride(2) != 1 or cache.stride(0) != bs * cache.stride(1):
+            raise NotImplementedError("TokenSpeed's pool rows are uniformly strided ([slots, W]); this cache's "
+                                      "blocks are not")
+        keep = slots >= 0
+        decoy = slots[keep][0] if bool(keep.any()) else torch.zeros((), dtype=slots.dtype, device=slots.device)
+        loc = torch.where(keep, slots, decoy).contiguous()
+        rows = cache.as_strided((nb * bs, w), (cache.stride(1), 1))
+        self.kern.set_mla_kv_buffer(rows, loc, kv_c.contiguous(), k_pe.contiguous(), write_mask=keep.contiguous())

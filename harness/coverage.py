@@ -46,30 +46,20 @@ class Row:
 # bound here, with the reason. A row leaves this list when an adapter binds it.
 NEEDS_SM100 = "needs an SM100 (Blackwell) GPU; the device here is an H200 (SM90)"
 UNBOUND: tuple[Row, ...] = (
-    Row("tokenspeed", "tokenspeed/runtime/models/kimi_k3.py", "_apply_attn_res", "python", "2", "",
-        "not fetched: kimi_k3.py is not among the pinned files; binding it needs the file pinned and the "
-        "tokenspeed-kernel 0.1.4 wheel (torch_attn_res_fwd) pinned beside it"),
-    Row("tokenspeed", "tokenspeed/runtime/models/kimi_k3.py", "capture_attnres", "python", "2", "",
-        "not fetched (as _apply_attn_res): the aux tap of the AttnRes stack"),
-    Row("tokenspeed", "tokenspeed/runtime/models/kimi_k3.py", "_dspark_capture_stream", "python", "2", "",
-        "not fetched (as _apply_attn_res)"),
-    Row("tokenspeed", "tokenspeed/runtime/models/kimi_k3.py", "forward (PPStageState.block_residual)", "python",
-        "2", "", "not fetched: the PP hand-off of the block bank; needs kimi_k3.py pinned and stand-in layers"),
-    Row("tokenspeed", "tokenspeed_kernel/ops/residual/torch.py", "torch_attn_res_fwd", "python", "2", "",
-        "not fetched: tokenspeed-kernel 0.1.4 is not pinned (wheel sha256 958ed94e8ec2...)"),
-    Row("tokenspeed", "tokenspeed_kernel/ops/kvcache/triton.py", "set_mla_kv_buffer_triton", "triton", "1", "",
-        "not fetched: tokenspeed-kernel 0.1.4 is not pinned; the context write runs a stand-in"),
-    Row("tokenspeed", "tokenspeed_kernel/ops/embedding/", "apply_k_rope (Triton and CUDA rope.so)",
-        "triton", "1", "", "not fetched: tokenspeed-kernel 0.1.4 is not pinned; rope.so needs a CUDA build for "
-        "the local torch"),
-    Row("tokenspeed", "tokenspeed/runtime/layers/segmented_rmsnorm.py", "_segmented_rmsnorm_kernel", "triton", "3",
-        "", "not fetched: bound with fc_norm=None only (the config without fc_norm)"),
+    Row("tokenspeed", "tokenspeed_kernel/ops/kvcache/triton.py", "mla_latent_norm_rope_scatter", "triton", "1", "",
+        "TokenSpeed's DFlash drafter's fused MLA context write (execution/drafter/dflash.py "
+        "_write_native_cache_fused_mla: one stacked GEMM, then norm + RoPE + scatter for all layers); not in the "
+        "census of the K3 DSpark path (write_context_kv), not bound yet: needs drafter/dflash.py pinned and a "
+        "CONTEXT_KV_FUSED subject over it"),
     Row("vllm", "csrc/kimi_k3/attn_res_kernel.cu", "kimi_k3_attn_res (tcgen05/TMEM)", "cuda", "2", "",
         f"{NEEDS_SM100}; built for 10.0f only, taken at hidden 7168 with dense rows and num_blocks <= 8"),
     Row("vllm", "vllm/models/kimi_k3/nvidia/ops/", "CuTe-DSL AttnRes decode", "cute-dsl", "2", "", NEEDS_SM100),
     Row("sglang", "sglang/kernels/jit/csrc/kimi_k3/attn_res/", "AttnResFusedTmaKernel", "cuda", "2", "",
         NEEDS_SM100),
-    Row("tokenspeed", "tokenspeed_kernel/ops/residual/", "attn_res.so", "cuda", "2", "", NEEDS_SM100),
+    Row("tokenspeed", "tokenspeed_kernel/ops/residual/cuda.py", "cuda_attn_res_fwd (attn_res.so)", "cuda", "2", "",
+        f"{NEEDS_SM100}; registered with min arch 10.0, so select_attn_res_fwd_kernel never takes it on SM90 "
+        "(the bound torch_attn_res_fwd is what an H200 runs); running it needs the wheel's attn_res.so "
+        "(fetch.BINARIES) and tvm_ffi on an SM100 host"),
 )
 
 
@@ -111,7 +101,8 @@ PATH_OF = {
     "attn_res": "2", "aux_capture": "2", "attn_res_mix": "2", "attn_res_mix_triton": "2", "attn_res_mix_eager": "2",
     "attn_res_residual": "2", "tap_owner": "2", "pp_taps": "2",
     "stage_partial": "3", "finalize_projection": "3", "project_unsharded": "3", "draft_context_kv": "3",
-    "transfer_pairs": "3", "kv_transfer": "3", "draft_kv_materialize": "3",
+    "transfer_pairs": "3", "kv_transfer": "3", "draft_kv_materialize": "3", "project_unsharded_fc_norm": "3",
+    "segmented_rmsnorm": "3",
 }
 
 

@@ -71,8 +71,28 @@ def attn_res_oracle(engine: Any, prefix: torch.Tensor, delta: torch.Tensor | Non
                                                          None if out_norm is None else up(out_norm), num_blocks,
                                                          write, eps, out_eps)
     sources = torch.cat([new_blocks[:, :num_blocks], new_prefix[:, None]], 1)
+    pre_norm = engine.extras.get("attn_res_roundings", {}).get("pre_out_norm")
+    if out_norm is not None and pre_norm is not None:
+        # the engine rounds the mix to storage before its output norm (declared): the mixture's budget,
+        # less its own rounding, through the norm's gain, plus that rounding and the output's
+        mixed, _, _ = ref_attn_res.attn_res(up(p), None, up(blocks), up(norm), up(qk), None, num_blocks, write, eps,
+                                            out_eps)
+        b = mixture_budget(mixed, sources, up(norm) * up(qk), prefix.shape[1], engine.rounding)
+        return want, normed_after_rounding(want, mixed, b, engine.rounding)
     budget = mixture_budget(want, sources, up(norm) * up(qk), prefix.shape[1], engine.rounding)
     return want, budgets.with_output_norm(budget, LOW) if out_norm is not None else budget
+
+
+def normed_after_rounding(want: torch.Tensor, mixed: torch.Tensor, b: budgets.Budget,
+                          rounding: str = "nearest") -> budgets.Budget:
+    """Budget of a mixture rounded to storage, then normed in fp32 with one rounding (SGLang's AttnResidual,
+    TokenSpeed's torch_attn_res_fwd): the mixture's budget `b` less its final rounding is carried through
+    the output norm's gain max|want| / max|mixed|; two roundings at the output's magnitude (the pre-norm
+    rounding carried through the gain, and the output's)."""
+    gain = want.abs().max().item() / max(mixed.abs().max().item(), 1e-300)
+    return budgets.theory_rule(want.abs().max().item(), LOW, 2,
+                               acc_term=(b.value - budgets.unit_roundoff(LOW) * mixed.abs().max().item()) * gain,
+                               acc_rule=f"({b.rule} less its rounding)*gain(out norm)", rounding=rounding)
 
 
 def mix_budget(engine: Any, name: str, want: torch.Tensor, sources: torch.Tensor, q: torch.Tensor,
@@ -104,11 +124,7 @@ def residual_mixture(engine: Any, prefix: torch.Tensor, bank: torch.Tensor, nvb:
     mixed, _, _ = ref_attn_res.attn_res(up(prefix), None, up(bank), up(norm), up(proj), None, nvb, -1, eps, eps)
     sources = torch.cat([up(bank[:, :nvb]), up(prefix)[:, None]], 1)
     b = mix_budget(engine, "attn_res_residual", mixed, sources, up(norm) * up(proj), prefix.shape[1], nvb)
-    gain = want.abs().max().item() / max(mixed.abs().max().item(), 1e-300)
-    budget = budgets.theory_rule(want.abs().max().item(), LOW, 2,
-                                 acc_term=(b.value - budgets.unit_roundoff(LOW) * mixed.abs().max().item()) * gain,
-                                 acc_rule=f"({b.rule} less its rounding)*gain(out norm)", rounding=engine.rounding)
-    return want, budget
+    return want, normed_after_rounding(want, mixed, b, engine.rounding)
 
 
 # --- the DSpark MLA context KV ----------------------------------------------------------------------

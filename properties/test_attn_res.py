@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -27,6 +28,22 @@ FLAKY_REPEATS = 32
 # kept with the ledger's case rules (harness/ledger_cases.py)
 
 
+def admitted(engine, case: AttnResCase) -> bool:
+    """Whether the engine's entry point takes this call: all do, except where it declares a
+    precondition (extras["attn_res_admits"](num_blocks, block_write_idx, bank); TokenSpeed's
+    select_attn_res_fwd_kernel: a block write must append, at num_blocks)."""
+    rule = engine.extras.get("attn_res_admits")
+    return rule is None or rule(case.num_blocks, case.block_write_idx, case.bank)
+
+
+def as_admitted(engine, case: AttnResCase) -> AttnResCase:
+    """`case` in the form the engine takes: a write it refuses becomes the model's own call (the write at
+    num_blocks, or none when the bank is full). The refusal itself is its own property."""
+    if admitted(engine, case):
+        return case
+    return dataclasses.replace(case, block_write_idx=case.num_blocks if case.num_blocks < case.bank else -1)
+
+
 def _call(engine, inp: AttnResInputs, case: AttnResCase) -> torch.Tensor:
     return subject(engine, base.ATTN_RES)(
         inp.prefix, inp.delta, inp.blocks, inp.norm, inp.qk, inp.out_norm, case.num_blocks, case.block_write_idx,
@@ -41,6 +58,7 @@ def test_attn_res_within_rounding_budget_of_oracle(engine, case: AttnResCase) ->
     writes the completed block at index num_blocks), so the written row is not a source."""
     if 0 <= case.block_write_idx < case.num_blocks:
         case = dataclasses.replace(case, block_write_idx=case.num_blocks if case.num_blocks < case.bank else -1)
+    case = as_admitted(engine, case)  # a write past num_blocks, where the engine allows only appending ones
     for attempt in range(FLAKY_REPEATS if case == K3N_007 else 1):  # fresh inputs each time
         check_attn_res_within_rounding_budget(engine, case, DEVICE, climb=attempt == 0)
 
@@ -54,6 +72,10 @@ def test_a_block_written_in_the_call_is_mixed_with_its_written_value(engine, cas
     from that row. Same budget as the accuracy property."""
     nb = max(case.num_blocks, 1)
     case = dataclasses.replace(case, num_blocks=nb, block_write_idx=case.seed % nb)
+    if not admitted(engine, case):
+        pytest.skip(f"{engine.name} {engine.version} refuses a write inside the mixed range (its declared "
+                    "precondition; test_a_write_inside_the_mixed_range_is_taken_or_refused_as_the_engine_declares "
+                    "judges the refusal)")
     for attempt in range(WRITE_REPEATS):  # fresh inputs each time: the kernel writes in place
         check_attn_res_within_rounding_budget(engine, case, DEVICE, prop="written_block_mixed_with_written_value",
                                               climb=attempt == 0)
@@ -93,7 +115,7 @@ def test_read_only_call_leaves_prefix_and_bank_bitwise_unchanged(engine, case: A
 
 @given(case=attn_res_cases())
 def test_delta_is_written_back_once_rounded_to_storage(engine, case: AttnResCase) -> None:
-    case = dataclasses.replace(case, with_delta=True)
+    case = as_admitted(engine, dataclasses.replace(case, with_delta=True))
     inp = attn_res_inputs(case, LOW, DEVICE)
     assert inp.delta is not None
     want = round_storage(engine, inp.prefix.float() + inp.delta.float())  # fp32 sum, one rounding to storage
@@ -104,9 +126,32 @@ def test_delta_is_written_back_once_rounded_to_storage(engine, case: AttnResCase
 @given(case=attn_res_cases(), with_delta=st.booleans())
 def test_block_write_touches_exactly_that_bank_row(engine, case: AttnResCase, with_delta: bool) -> None:
     case = dataclasses.replace(case, block_write_idx=case.seed % case.bank, with_delta=with_delta)
+    if not admitted(engine, case):  # an engine whose writes must append: the row written is num_blocks
+        case = dataclasses.replace(case, num_blocks=case.block_write_idx)
     inp = attn_res_inputs(case, LOW, DEVICE)
     blocks = inp.blocks.clone()
     _call(engine, inp, case)
     expected = blocks.clone()
     expected[:, case.block_write_idx] = inp.prefix  # the (possibly updated) prefix, bit for bit
     assert_bitwise(inp.blocks, expected, f"bank after writing row {case.block_write_idx}")
+
+
+@given(case=attn_res_cases(), with_delta=st.booleans())
+def test_a_write_inside_the_mixed_range_is_taken_or_refused_as_the_engine_declares(engine, case: AttnResCase,
+                                                                                  with_delta: bool) -> None:
+    """A block write inside the mixed range [0, num_blocks), which the model never makes. An engine that
+    declares a precondition excluding it (extras["attn_res_admits"]; TokenSpeed: writes must append)
+    refuses it with ValueError before anything is written: prefix and bank keep every bit. An engine that
+    declares none must take it (what it computes is judged by
+    test_a_block_written_in_the_call_is_mixed_with_its_written_value)."""
+    write = case.seed % case.bank
+    case = dataclasses.replace(case, num_blocks=write + 1, block_write_idx=write, with_delta=with_delta)
+    inp = attn_res_inputs(case, LOW, DEVICE)
+    if admitted(engine, case):
+        _call(engine, inp, case)
+        return
+    prefix, blocks = inp.prefix.clone(), inp.blocks.clone()
+    with pytest.raises(ValueError):
+        _call(engine, inp, case)
+    assert_bitwise(inp.prefix, prefix, "prefix after a refused call")
+    assert_bitwise(inp.blocks, blocks, "bank after a refused call")

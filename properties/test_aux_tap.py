@@ -20,6 +20,17 @@ from k3num.refmodel import attn_res as ref
 EPS = 1e-5
 
 
+def _owner_stage(engine) -> bool:
+    """The engine takes an AttnRes tap on the stage that owns its consumer (TokenSpeed's
+    _context_tap_owner_layer), not on the stage that produced the stream: a stage-end tap on a
+    non-final stage is the next stage's, and the last stage always ends at the last layer."""
+    return bool(engine.extras.get("aux_capture_owner_stage"))
+
+
+OWNER_STAGE_SKIP = ("takes this tap on the next stage (the tap owner rule), which mixes it with layer i + 1's weights: "
+                    "judged by test_a_stage_end_tap_taken_by_the_next_stage_mixes_with_its_weights")
+
+
 def _tap(engine, case: TapCase, inp: TapInputs, *, enabled: bool = True, weights: bool = True,
          is_last_rank: bool = True, non_final_stage: str = "raise", pending: bool = True) -> torch.Tensor:
     return subject(engine, base.AUX_CAPTURE)(
@@ -71,6 +82,9 @@ def test_branch1_tap_mixes_with_the_next_layers_weights_and_blocks(engine, case:
 @given(case=tap_cases(position="stage_end"))
 @example(case=TapCase(num_layers=2, block_size=1, stage_end=1, layer_idx=0, tokens=1, hidden=16, seed=0))  # K3N-002
 def test_branch2_tap_on_the_last_rank_mixes_with_the_output_weights(engine, case: TapCase) -> None:
+    if _owner_stage(engine):  # its last stage ends at the last layer (pp_layer_window)
+        case = TapCase(case.num_layers, case.block_size, case.num_layers, case.num_layers - 1, case.tokens,
+                       case.hidden, case.seed)
     inp = tap_inputs(case, LOW, DEVICE)
     got = _tap(engine, case, inp, is_last_rank=True)
     want = _oracle(case, inp, end_layer=case.stage_end, is_last_rank=True)
@@ -85,6 +99,8 @@ def test_branch2_tap_on_the_last_rank_mixes_with_the_output_weights(engine, case
 @given(case=tap_cases(position="stage_end"))
 @example(case=TapCase(num_layers=2, block_size=1, stage_end=1, layer_idx=0, tokens=1, hidden=16, seed=0))  # K3N-003
 def test_branch3_non_final_stage_raises_when_configured_to(engine, case: TapCase) -> None:
+    if _owner_stage(engine):
+        pytest.skip(f"{engine.name} {engine.version} {OWNER_STAGE_SKIP}")
     inp = tap_inputs(case, LOW, DEVICE)
     # a deliberate refusal (RuntimeError, as vLLM 0.33.0 raises), not an accident such as an IndexError
     with pytest.raises(RuntimeError):
@@ -93,6 +109,8 @@ def test_branch3_non_final_stage_raises_when_configured_to(engine, case: TapCase
 
 @given(case=tap_cases(position="stage_end"))
 def test_branch3_prefix_fallback_returns_the_prefix_and_reports_its_cosine(engine, case: TapCase) -> None:
+    if _owner_stage(engine):
+        pytest.skip(f"{engine.name} {engine.version} {OWNER_STAGE_SKIP}")
     inp = tap_inputs(case, LOW, DEVICE)
     try:
         got = _tap(engine, case, inp, is_last_rank=False, non_final_stage="prefix")
@@ -106,6 +124,30 @@ def test_branch3_prefix_fallback_returns_the_prefix_and_reports_its_cosine(engin
                             actual=got, reference=true_mix, budget=budgets.Budget(float("inf"), "reported only"),
                             seed=case.seed, reduction_len=case.hidden, verdict=INFO,
                             detail=f"layer={case.layer_idx};S={case.block_size};L={case.num_layers}"))
+
+
+@given(case=tap_cases(position="stage_end"))
+def test_a_stage_end_tap_taken_by_the_next_stage_mixes_with_its_weights(engine, case: TapCase) -> None:
+    """The tap after a non-final stage's last layer i (i + 1 < L), taken on the stage that holds layer
+    i + 1, is the mixture of layer i + 1 (its weights, its prev_valid_blocks) from the bank and prefix that
+    stage was handed, as a one-stage run computes it. An engine that takes a tap on its consumer's stage
+    (TokenSpeed) is called as the producing stage's end (it must move the tap itself); one that takes it
+    on the producing stage (vLLM, the mirror) is called on a stage that holds i + 1 (branch 1 there)."""
+    if case.layer_idx + 1 >= case.num_layers:
+        case = TapCase(case.num_layers + 1, case.block_size, case.stage_end, case.layer_idx, case.tokens,
+                       case.hidden, case.seed)
+    inp = tap_inputs(case, LOW, DEVICE)
+    if not _owner_stage(engine):
+        case = TapCase(case.num_layers, case.block_size, case.num_layers, case.layer_idx, case.tokens, case.hidden,
+                       case.seed)
+    got = _tap(engine, case, inp, is_last_rank=not _owner_stage(engine), non_final_stage="raise")
+    want = _oracle(case, inp, end_layer=case.num_layers)
+    nxt = case.layer_idx + 1
+    budget = _budget(case, inp, want, inp.weights.attn_res_norm[nxt], inp.weights.attn_res_proj[nxt],
+                     ref.LayerWiring(nxt, case.block_size).prev_valid_blocks, engine.rounding)
+    report(judge(property="stage_end_tap_on_the_next_stage", engine=engine, subject=base.AUX_CAPTURE, actual=got,
+                 reference=want, budget=budget, seed=case.seed, reduction_len=case.hidden,
+                 detail=f"layer={case.layer_idx};S={case.block_size};L={case.num_layers}"))
 
 
 @given(case=tap_cases(position="inner"), position=st.sampled_from(["inner", "last", "non_final"]))

@@ -32,11 +32,16 @@ from k3num.refmodel import geometry, rmsnorm
 EPS = 1e-5
 
 
-def _ops(engine):
+def _ops(engine, *needed: str):
+    """The engine's context-KV ops, or a skip naming why; `needed`: the ops the property calls (an engine
+    binds the ones its path has: TokenSpeed has no grouped norm nor grouped insert)."""
     ops = engine.extras.get("context_kv_ops")
     if ops is None:
         pytest.skip(f"engine {engine.name} {engine.version} ({engine.mode}) has no compiled context-KV ops here: "
                     f"{engine.mode_note or 'not bound'}")
+    lacking = [n for n in needed if not hasattr(ops, n)]
+    if lacking:
+        pytest.skip(f"engine {engine.name} {engine.version}: its context-KV path has no {', '.join(lacking)}")
     return ops
 
 
@@ -52,7 +57,7 @@ def _elementwise(engine, prop: str, op: str, out: torch.Tensor, ref: torch.Tenso
 
 @given(seed=seeds, layers=st.integers(1, 6), tokens=st.integers(1, 40), dim=st.sampled_from([64, 128, 512]))
 def test_grouped_rms_norm_row_l_is_normed_by_weight_row_l_in_fp32_rounded_once(engine, seed, layers, tokens, dim):
-    ops = _ops(engine)
+    ops = _ops(engine, "rms_norm_grouped")
     gen = torch.Generator().manual_seed(seed)
     x = (torch.randn(layers, tokens, dim, generator=gen) * 3).to(LOW).to(DEVICE)
     w = (torch.rand(layers, dim, generator=gen) * 2 + 0.1).to(LOW).to(DEVICE)
@@ -69,7 +74,7 @@ def test_grouped_rms_norm_row_l_is_normed_by_weight_row_l_in_fp32_rounded_once(e
 
 @given(seed=seeds, rows=st.integers(1, 64), neox=st.booleans(), max_pos=st.sampled_from([8, 4096, 32768]))
 def test_rotary_embedding_rotates_in_fp32_rounded_once(engine, seed, rows, neox, max_pos):
-    ops = _ops(engine)
+    ops = _ops(engine, "rotary")
     g = geometry.preset("k3-dspark-plain-rope")
     spec = dataclasses.replace(g.rope, style="neox" if neox else "gptj")
     gen = torch.Generator().manual_seed(seed)
@@ -103,7 +108,24 @@ def test_rotary_embedding_rotates_in_fp32_rounded_once(engine, seed, rows, neox,
 @given(seed=seeds, layers=st.integers(1, 6), tokens=st.integers(1, 48), per_layer=st.booleans(),
        layout=st.sampled_from(CACHE_LAYOUTS))
 def test_grouped_cache_insert_writes_exactly_the_given_slots(engine, seed, layers, tokens, per_layer, layout):
-    ops = _ops(engine)
+    check_insert_writes_exactly_the_given_slots(_ops(engine, "insert_grouped"), seed, layers, tokens, per_layer,
+                                                layout, grouped=True)
+
+
+@given(seed=seeds, layers=st.integers(1, 4), tokens=st.one_of(st.integers(1, 48), st.integers(512, 530)),
+       per_layer=st.booleans(), layout=st.sampled_from(CACHE_LAYOUTS))
+def test_per_layer_cache_insert_writes_exactly_the_given_slots(engine, seed, layers, tokens, per_layer, layout):
+    """One layer's insert at a time (vLLM's concat_and_cache_mla; TokenSpeed's set_mla_kv_buffer_triton,
+    whose skipped rows are write-masked with their location pointed at a slot another row writes). From 512
+    rows TokenSpeed's write takes its per-location kernel, below it its per-element one: both are drawn."""
+    check_insert_writes_exactly_the_given_slots(_ops(engine, "insert_per_layer"), seed, layers, tokens, per_layer,
+                                                layout, grouped=False)
+
+
+def check_insert_writes_exactly_the_given_slots(ops, seed: int, layers: int, tokens: int, per_layer: bool,
+                                                layout: str, *, grouped: bool) -> None:
+    """Every mapped slot of layer l holds [kv_c_l | k_pe_l] of its token, every skipped slot (-1) and every
+    other byte of the caches' buffer keeps its bits."""
     gen = torch.Generator().manual_seed(seed)
     kv_lora, r, block_size = 512, 64, 16
     num_blocks = -(-2 * tokens // block_size)
@@ -116,14 +138,19 @@ def test_grouped_cache_insert_writes_exactly_the_given_slots(engine, seed, layer
     slots[:, seed % 3:: 3] = -1
     slots = slots.to(DEVICE).expand(layers, tokens)
     before = buf.clone()
-    ops.insert_grouped(kv_c, k_pe, caches, slots)
+    if grouped:
+        ops.insert_grouped(kv_c, k_pe, caches, slots)
+    else:
+        for layer in range(layers):
+            ops.insert_per_layer(kv_c[layer], k_pe[layer], caches[layer], slots[layer].contiguous())
     expected = before.clone()
     views = same_views(caches, buf, expected)
     for layer in range(layers):
         s = slots[layer]
         keep = s >= 0
         views[layer][s[keep] // block_size, s[keep] % block_size] = torch.cat([kv_c[layer], k_pe[layer]], -1)[keep]
-    assert_bitwise(buf, expected, f"the {layout} caches' buffer after the grouped insert")
+    assert_bitwise(buf, expected, f"the {layout} caches' buffer after the {'grouped' if grouped else 'per-layer'} "
+                                  "insert")
 
 
 @given(seed=seeds, layers=st.integers(1, 6), tokens=st.integers(1, 48), per_layer=st.booleans(),
@@ -132,9 +159,7 @@ def test_per_layer_and_grouped_inserts_write_the_same_bytes(engine, seed, layers
     """vLLM's per-layer insert (`concat_and_cache_mla`, what `do_kv_cache_update` calls when the layers'
     caches differ) and the grouped one (`concat_and_cache_mla_grouped`), on the same inputs into two copies
     of the same caches: the same bytes everywhere, skipped slots (-1) included."""
-    ops = _ops(engine)
-    if not hasattr(ops, "insert_per_layer"):
-        pytest.skip(f"engine {engine.name} {engine.version}: no per-layer insert bound")
+    ops = _ops(engine, "insert_grouped", "insert_per_layer")
     gen = torch.Generator().manual_seed(seed)
     kv_lora, r, block_size = 512, 64, 16
     num_blocks = -(-2 * tokens // block_size)
@@ -165,9 +190,7 @@ def test_fp8_cache_slots_hold_their_layers_scaled_entry_and_nothing_else_changes
     may refuse a format (it must then raise and write nothing)."""
     from k3num.refmodel import quant
 
-    ops = _ops(engine)
-    if not grouped and not hasattr(ops, "insert_per_layer"):
-        pytest.skip(f"engine {engine.name} {engine.version}: no per-layer insert bound")
+    ops = _ops(engine, "insert_grouped" if grouped else "insert_per_layer")
     gen = torch.Generator().manual_seed(seed)
     kv_lora, r, block_size = 512, 64, 16
     num_blocks = -(-2 * tokens // block_size)

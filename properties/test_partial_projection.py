@@ -5,16 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 from hypothesis import example, given
+from hypothesis import strategies as st
 
 from k3num.engines import base
 from k3num.engines.mirror import projection as eager
 from k3num.fixtures.builders import ProjectionInputs, cancelling_projection_inputs, projection_inputs
-from k3num.fixtures.strategies import ProjectionCase, projection_cases
+from k3num.fixtures.strategies import ProjectionCase, projection_cases, seeds
 from k3num.harness import judges
 from k3num.harness.judges import EPS
 from k3num.oracles import budgets
 from k3num.oracles.records import judge
 from k3num.properties.support import DEVICE, LOW, assert_bitwise, call, report, subject, up
+from k3num.refmodel import rmsnorm
 
 TRANSFER = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -173,3 +175,64 @@ def test_unsharded_projection_within_rounding_budget_of_oracle(engine, case: Pro
     report(judge(property="unsharded_within_rounding_budget", engine=engine, subject=base.PROJECT_UNSHARDED,
                  actual=got, reference=want.reference, budget=want.budget, seed=case.seed,
                  reduction_len=want.reduction_len))
+
+
+FC_NORM = "project_unsharded_fc_norm"
+SEGMENTED = "segmented_rmsnorm"
+
+
+@given(seed=seeds, tokens=st.integers(1, 24), segments=st.integers(1, 6), hidden=st.sampled_from([16, 48, 64, 256]))
+def test_segmented_rms_norm_segment_s_is_normed_by_weight_row_s_in_fp32_rounded_once(engine, seed, tokens, segments,
+                                                                                     hidden):
+    """TokenSpeed's `_segmented_rmsnorm_kernel` (the fc_norm of a draft whose config has it): segment s of
+    every row [.., S, H] is RMS-normed by weight row s in fp32, rounded once (elementwise, as the grouped
+    rms_norm op is judged: oracles.budgets.rounded_once_rtol); permuting segments and weight rows together
+    permutes the output bitwise."""
+    op = engine.extras.get(SEGMENTED)
+    if op is None:
+        pytest.skip(f"engine {engine.name} {engine.version} binds no segmented RMSNorm (the fc_norm draft config)")
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(tokens, segments, hidden, generator=gen) * 3).to(LOW).to(DEVICE)
+    w = (torch.rand(segments, hidden, generator=gen) * 2 + 0.1).to(LOW).to(DEVICE)
+    out = op(x, w, EPS)
+    ref = torch.stack([rmsnorm.rms_norm(up(x[:, s]), up(w[s]), EPS) for s in range(segments)], 1)
+    eps32 = budgets.gamma(hidden, budgets.U32) / 2 + 4 * budgets.U32  # sum of squares, rsqrt, mean, two products
+    scale = ref.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    rtol = budgets.rounded_once_rtol(LOW, eps32)
+    report(judge(property="segmented_rms_norm_rounded_once", engine=engine, subject=SEGMENTED,
+                 actual=up(out) / scale, reference=ref / scale,
+                 budget=budgets.Budget(rtol, f"elementwise |out-ref|<=rtol*|ref|, rtol={rtol:.3g} (rounded once)"),
+                 seed=seed, reduction_len=hidden, detail=f"S={segments};H={hidden}"))
+    perm = torch.randperm(segments, generator=gen).to(DEVICE)
+    assert_bitwise(op(x[:, perm].contiguous(), w[perm].contiguous(), EPS), out[:, perm],
+                   "segmented rms_norm with the segments and their weight rows permuted together")
+
+
+@given(case=projection_cases(), fc_norm=st.booleans())
+def test_fc_norm_projection_is_the_projection_of_the_segment_normed_taps(engine, case: ProjectionCase,
+                                                                         fc_norm: bool) -> None:
+    """project_target_hidden on a draft with fc_norm drawn on and off. Off: the unsharded projection's bits.
+    On: the projection of the taps each normed by its own fc_norm row (the engine's segmented RMSNorm,
+    judged on its own above), bit for bit; and a tap's fc_norm row reaches only that tap's term."""
+    project = engine.extras.get(FC_NORM)
+    if project is None:
+        pytest.skip(f"engine {engine.name} {engine.version} binds no fc_norm projection")
+    inp = projection_inputs(case, LOW, DEVICE)
+    plain = subject(engine, base.PROJECT_UNSHARDED)
+    if not fc_norm:
+        assert_bitwise(project(inp.taps, inp.fc, None, inp.norm, EPS), plain(inp.taps, inp.fc, inp.norm, EPS),
+                       "fc_norm off against the unsharded projection")
+        return
+    gen = torch.Generator().manual_seed(case.seed)
+    w = (torch.rand(case.taps, case.hidden, generator=gen) * 2 + 0.1).to(LOW).to(DEVICE)
+    got = project(inp.taps, inp.fc, w, inp.norm, EPS)
+    normed = engine.extras[SEGMENTED](inp.taps.permute(1, 0, 2).contiguous(), w, EPS).permute(1, 0, 2)
+    assert_bitwise(got, plain(normed.contiguous(), inp.fc, inp.norm, EPS),
+                   "fc_norm projection against the projection of the segment-normed taps")
+    if case.taps > 1:  # tap 0's row scaled by 4 changes the output only through tap 0
+        w2 = w.clone()
+        w2[0] = (w2[0] * 4).to(LOW)
+        normed2 = normed.clone()
+        normed2[0] = engine.extras[SEGMENTED](inp.taps[0][:, None].contiguous(), w2[:1].contiguous(), EPS)[:, 0]
+        assert_bitwise(project(inp.taps, inp.fc, w2, inp.norm, EPS),
+                       plain(normed2.contiguous(), inp.fc, inp.norm, EPS), "tap 0's fc_norm row scaled by 4")

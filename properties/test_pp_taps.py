@@ -7,7 +7,9 @@ taps the last stage hands the draft must equal a one-stage run's, bitwise and in
 an engine may instead refuse the plan while setting it up (its own check, with its message: a
 result, recorded in the CSV). In prefix-tap mode the one-stage taps must also equal the mirror's
 reference loop (engines/mirror/pp.py) bit for bit, so a loop that drops or shifts a tap even on one
-stage is caught.
+stage is caught. Where the engine also hands on its last hidden state (and TokenSpeed its DSpark projection
+sum), those must equal the one-stage run's bitwise as well. A plan the engine refuses whole (TokenSpeed cannot
+name tap 0, the embeddings) must be refused with the same plan split into stages.
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ def pp_plans(draw: st.DrawFn) -> PPTapPlan:
     return PPTapPlan(layers, taps, tuple(sorted(ends)), draw(st.integers(1, 3)), draw(st.booleans()))
 
 
+def _kw(hidden: bool) -> dict[str, bool]:
+    """An engine that declares extras["pp_taps_hidden"] also returns what its last stage hands on besides the
+    taps (a dict of tensors: the model's last hidden state, the projection sum), judged bitwise too."""
+    return {"with_hidden": True} if hidden else {}
+
+
 def _refused(engine, plan: PPTapPlan, e: BaseException) -> None:
     COLLECTOR.add(Record(
         property="pp_plan_refused", engine=engine.name, engine_version=engine.version, mode=engine.mode,
@@ -54,6 +62,7 @@ def _refused(engine, plan: PPTapPlan, e: BaseException) -> None:
 @given(plan=pp_plans(), tokens=st.integers(1, 3), hidden=st.sampled_from([16, 32]), seed=seeds)
 @example(plan=PPTapPlan(6, (0, 2, 4, 6), (3,), 2, False), tokens=1, hidden=16, seed=0)  # lead 1
 @example(plan=PPTapPlan(6, (0, 2, 4, 6), (2, 4), 2, False), tokens=1, hidden=16, seed=0)  # boundaries on taps
+@example(plan=PPTapPlan(6, (2, 4, 6), (2, 4), 2, True), tokens=2, hidden=16, seed=0)  # AttnRes taps, no tap 0
 def test_pp_stages_hand_the_draft_the_one_stage_taps_in_order(engine, plan: PPTapPlan, tokens: int, hidden: int,
                                                               seed: int) -> None:
     pp_taps = engine.extras.get("pp_taps")
@@ -63,18 +72,29 @@ def test_pp_stages_hand_the_draft_the_one_stage_taps_in_order(engine, plan: PPTa
     weights = attn_res_weights(d, plan.num_layers, hidden, LOW, DEVICE)
     emb = d.normal((tokens, hidden)).to(LOW).to(DEVICE)
     scale = d.normal((plan.num_layers, hidden)).to(LOW).to(DEVICE)
-    one = pp_taps(dataclasses.replace(plan, stage_ends=()), emb, weights, scale, EPS)
+    hidden = bool(engine.extras.get("pp_taps_hidden"))
+    try:
+        one = pp_taps(dataclasses.replace(plan, stage_ends=()), emb, weights, scale, EPS, **_kw(hidden))
+    except StageRefused as e:  # the plan itself (a tap the engine cannot name): the split must refuse it too
+        _refused(engine, plan, e)
+        with pytest.raises(StageRefused):
+            pp_taps(plan, emb, weights, scale, EPS)
+        return
+    one, one_state = one if hidden else (one, None)
     assert len(one) == len(plan.taps), f"a one-stage run handed {len(one)} taps for tap layers {plan.taps}"
     if not plan.aux_stream:
         ref = mirror.pp.pp_taps(plan, emb, weights, scale, EPS)
         for k, (got, want) in enumerate(zip(one, ref)):
             assert_bitwise(got, want, f"one-stage tap {plan.taps[k]} (slot {k}) against the mirror's loop")
     try:
-        split = pp_taps(plan, emb, weights, scale, EPS)
+        split = pp_taps(plan, emb, weights, scale, EPS, **_kw(hidden))
     except StageRefused as e:
         _refused(engine, plan, e)
         return
+    split, split_state = split if hidden else (split, None)
     stages = plan.stages()
+    for name in (one_state or {}):  # what else the last stage hands on (the model's last hidden state, ...)
+        assert_bitwise(split_state[name], one_state[name], f"{name} after {len(stages)} stages {stages}")
     assert len(split) == len(one), (f"{len(stages)} stages {stages} handed the draft {len(split)} taps; one stage "
                                     f"hands {len(one)} (tap layers {plan.taps})")
     for k, (got, want) in enumerate(zip(split, one)):

@@ -520,8 +520,80 @@ def _nvfp4_first_global(tensors, num_layers):
 
 FP8_MUTANTS = ("block_rows_by_arrival", "block_scales_rounded_up", "nvfp4_first_global")
 
+def _refuses_inside_the_mix(prefix, delta, blocks, norm, qk, onorm, num_blocks, write_idx, eps, oeps):
+    """A write inside the mixed range refused, though the engine declares no precondition."""
+    if 0 <= write_idx < num_blocks:
+        raise ValueError("block_write_idx must append")
+    return m_attn.attn_res(prefix, delta, blocks, norm, qk, onorm, num_blocks, write_idx, eps, oeps)
+
+
+def _refuses_after_the_delta(prefix, delta, blocks, norm, qk, onorm, num_blocks, write_idx, eps, oeps):
+    """TokenSpeed's precondition (a write must append), checked after the delta was written back."""
+    if delta is not None:
+        prefix.copy_((prefix.float() + delta.float()).to(prefix.dtype))
+    if write_idx not in (-1, num_blocks):
+        raise ValueError("block_write_idx must append within block_residual")
+    return m_attn.attn_res(prefix, None, blocks, norm, qk, onorm, num_blocks, write_idx, eps, oeps)
+
+
+def _appending_rule(num_blocks: int, write: int, bank: int) -> bool:
+    return write == -1 or (write == num_blocks and write < bank)
+
+
+def _tokenspeed_pp(bug: str) -> Callable:
+    """TokenSpeed's real PP forward (engines/tokenspeed_attn_res.py) with one piece broken."""
+    from k3num.engines import source, tokenspeed_attn_res, tokenspeed_kernels
+    from k3num.supply import fetch
+
+    root = fetch.source_dir("tokenspeed")
+    fwd = source.lift(root / tokenspeed_kernels.RESIDUAL_TORCH_PY, "torch_attn_res_fwd", {"torch": torch})
+
+    def drop_last_bank_row(state):  # the stage hands on one snapshot row too few
+        return tokenspeed_attn_res.PPStageState(state.hidden_states, state.block_residual[:-1],
+                                                state.projected_context)
+
+    def restart_sum(real):  # a downstream stage starts its projection sum from zero
+        return lambda self, hidden, inbound: real(self, hidden, None if inbound is None else inbound * 0)
+
+    mutate = {"pp_bank_row_not_handed_on": {"sent": drop_last_bank_row},
+              "pp_projection_sum_restarted": {"begin_stage": restart_sum}}[bug]
+    return tokenspeed_attn_res.bind(root, fwd, mutate).pp_taps
+
+
+TOKENSPEED_PP_MUTANTS = ("pp_bank_row_not_handed_on", "pp_projection_sum_restarted")
+
+
+def _segmented_over_whole_row(x, weight, eps):
+    """The per-tap fc_norm with its statistics over every segment of the row together."""
+    s, h = weight.shape
+    flat = m_proj.rms_norm(x.reshape(*x.shape[:-2], s * h), weight.reshape(-1), eps, x.dtype)
+    return flat.reshape(x.shape)
+
+
+def _fc_norm_row0_for_every_tap(taps, fc_weight, fc_norm, norm_weight, eps):
+    """Every tap normed by tap 0's fc_norm row."""
+    if fc_norm is not None:
+        fc_norm = fc_norm[:1].expand_as(fc_norm).contiguous()
+    return m_proj.project_unsharded_fc_norm(taps, fc_weight, fc_norm, norm_weight, eps)
+
+
+# mutants that carry engine extras beside (or instead of) broken subjects: name -> (subjects, extras)
+EXTRA_MUTANTS: dict[str, tuple[dict[str, base.Subject], dict[str, object]]] = {
+    "attn_res_refuses_undeclared": ({base.ATTN_RES: _refuses_inside_the_mix}, {}),
+    "attn_res_refusal_after_delta": ({base.ATTN_RES: _refuses_after_the_delta}, {"attn_res_admits": _appending_rule}),
+    "segmented_norm_over_the_whole_row": (
+        {base.PROJECT_UNSHARDED: m_proj.project_unsharded},
+        {"segmented_rmsnorm": _segmented_over_whole_row,
+         "project_unsharded_fc_norm": lambda t, f, w, n, e: m_proj.project_unsharded(
+             t if w is None else _segmented_over_whole_row(t.permute(1, 0, 2), w, e).permute(1, 0, 2), f, n, e)}),
+    "fc_norm_row0_for_every_tap": ({base.PROJECT_UNSHARDED: m_proj.project_unsharded},
+                                   {"segmented_rmsnorm": m_proj.segmented_rms_norm,
+                                    "project_unsharded_fc_norm": _fc_norm_row0_for_every_tap}),
+}
+
+
 ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS, *TRANSFER_MUTANTS, *KV_TRANSFER_MUTANTS, *MATERIALIZE_MUTANTS,
-              *OWNER_MUTANTS, *OPS_MUTANTS, *PP_MUTANTS, *FP8_MUTANTS])
+              *OWNER_MUTANTS, *OPS_MUTANTS, *PP_MUTANTS, *FP8_MUTANTS, *EXTRA_MUTANTS, *TOKENSPEED_PP_MUTANTS])
 
 
 # --- drifting subjects: NOT bugs the properties must catch. Each adds one extra rounding where the
@@ -583,7 +655,13 @@ def build(name: str) -> base.Engine:
         extras["weight_loading"] = mirror.weight_loading()
     if name == "nvfp4_first_global":
         extras["nvfp4_loading"] = _nvfp4_first_global
-    broken = MUTANTS.get(name, {})
+    if name in TOKENSPEED_PP_MUTANTS:
+        extras["pp_taps"] = _tokenspeed_pp(name)
+        extras["pp_taps_hidden"] = True
+    broken = dict(MUTANTS.get(name, {}))
+    if name in EXTRA_MUTANTS:
+        broken.update(EXTRA_MUTANTS[name][0])
+        extras.update(EXTRA_MUTANTS[name][1])
     correct = mirror.subjects()
     subjects = {s: correct[s] for group in PATHS if set(group) & set(broken) for s in group}
     subjects.update(broken)

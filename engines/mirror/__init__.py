@@ -40,6 +40,8 @@ def build() -> base.Engine:
                                "nvfp4_modelopt_loading": weights.load_nvfp4_modelopt,
                                "context_kv_ops": _context_kv_ops(),
                                "draft_kv_materialize": projection.draft_context_kv,
+                               "segmented_rmsnorm": projection.segmented_rms_norm,
+                               "project_unsharded_fc_norm": projection.project_unsharded_fc_norm,
                                "kv_transfer": types.SimpleNamespace(manager=transfer.KVSender,
                                                                     route=transfer.kv_route)})
 

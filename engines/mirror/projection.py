@@ -51,6 +51,20 @@ def project_unsharded(
     return rms_norm(y, norm_weight, eps, taps.dtype)
 
 
+def segmented_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., S, H], weight [S, H]: segment s RMS-normed by weight row s, fp32 math, one rounding (as
+    TokenSpeed's `_segmented_rmsnorm_kernel`, the per-tap fc_norm of a DSpark draft)."""
+    return rms_norm(x, weight, eps, x.dtype)
+
+
+def project_unsharded_fc_norm(taps: torch.Tensor, fc_weight: torch.Tensor, fc_norm: torch.Tensor | None,
+                              norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`project_unsharded` with the draft's fc_norm (fc_norm [K, H], one row per tap; None: without)."""
+    if fc_norm is not None:
+        taps = segmented_rms_norm(taps.permute(1, 0, 2), fc_norm, eps).permute(1, 0, 2)
+    return project_unsharded(taps, fc_weight, norm_weight, eps)
+
+
 def draft_context_kv(
     ctx: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor, k_norm_weight: torch.Tensor,
     positions: torch.Tensor, rope: RopeSpec, eps: float,

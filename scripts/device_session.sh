@@ -10,6 +10,9 @@
 # Usage: scripts/device_session.sh OUT [PARTS]
 #   PARTS: comma-separated, any of ops,bench,race,k3,small,hunt,sanitize,golden,k3det,scale,stores,isolation,csrc,check,
 #   checkops
+#   `ts` runs TokenSpeed on cuda (tokenspeed-kernel's Triton kernels natively; its CUDA rope.so through tvm_ffi,
+#   installed from engine-cache/runtime-wheels when missing): every property at small shapes (K3NUM_TS_SMALL_PROFILE,
+#   default ci) and the K3-shape ones (K3NUM_TS_K3_PROFILE, default nightly-1k), timed, to OUT/ts-*.csv.
 #   `checkops` runs `k3num check` on vLLM's built ops (one process per side): the pinned files against the pinned
 #   release, a checkout whose csrc/ was rebuilt (a comment added to cache_kernels.cu: nothing new, and the time
 #   it adds is its build), and that checkout with a bug planted in the grouped cache insert (the last k_pe
@@ -62,8 +65,8 @@ out=${1:?usage: scripts/device_session.sh OUT [PARTS]}
 parts=",${2:-bench,race,k3,small},"
 want() { [[ "$parts" == *",$1,"* ]]; }
 for p in ${parts//,/ }; do
-    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops) ;;
-        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops)"
+    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts) ;;
+        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts)"
            exit 2;; esac
 done
 mkdir -p "$out"
@@ -83,7 +86,28 @@ small_engines=${K3NUM_SMALL_ENGINES:-vllm vllm-rocm sglang tokenspeed}
 for e in vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
-bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0
+bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0
+if want ts; then
+    echo "== TokenSpeed on cuda: tokenspeed-kernel's Triton kernels natively, rope.so where it loads, the AttnRes stack"
+    tag=$(python -c 'import sys; print(f"cp{sys.version_info.major}{sys.version_info.minor}")')
+    python -c "import tvm_ffi" 2>/dev/null || python -m pip install -q --no-deps \
+        "$K3NUM_ENGINE_CACHE"/runtime-wheels/apache_tvm_ffi-*-"$tag"-*.whl 2>&1 | grep -v "WARNING: Running pip as" | tail -n 2
+    python -c "import tvm_ffi; print('tvm_ffi', tvm_ffi.__version__)" 2>&1 | tail -n 1 | tee "$out/ts-tvm.txt"
+    python -c "from k3num.engines import registry; e = registry.get('tokenspeed'); print(e.mode, '|', e.real_ops, '|', e.mode_note)" \
+        | tee "$out/ts-engine.txt"
+    t0=$(date +%s)
+    timeout -s INT "${K3NUM_TS_SMALL_TIMEOUT:-200}" python -m pytest properties --engine tokenspeed --ignore=properties/test_k3_shapes.py \
+        -p no:cacheprovider -q --hypothesis-profile="${K3NUM_TS_SMALL_PROFILE:-ci}" --drift-csv "$out/ts-small.csv" \
+        --durations=8 -n 4 2>&1 | grep -v "^SKIPPED" | tail -n 30 | tee "$out/ts-small.log"
+    rc=${PIPESTATUS[0]}; echo "ts small [${K3NUM_TS_SMALL_PROFILE:-ci}]: exit $rc in $(( $(date +%s) - t0 )) s" | tee -a "$out/ts.txt"
+    [ "$rc" -eq 0 ] || ts=1
+    t0=$(date +%s)
+    [ "${K3NUM_TS_K3_PROFILE:-nightly-1k}" = none ] || timeout -s INT "${K3NUM_TS_K3_TIMEOUT:-260}" python -m pytest properties/test_k3_shapes.py --engine tokenspeed \
+        -p no:cacheprovider -q --hypothesis-profile="${K3NUM_TS_K3_PROFILE:-nightly-1k}" --drift-csv "$out/ts-k3.csv" \
+        --durations=8 -n 4 --dist worksteal 2>&1 | grep -v "^SKIPPED" | tail -n 30 | tee "$out/ts-k3.log"
+    rc=${PIPESTATUS[0]}; echo "ts k3 [${K3NUM_TS_K3_PROFILE:-nightly-1k}]: exit $rc in $(( $(date +%s) - t0 )) s" | tee -a "$out/ts.txt"
+    [ "$rc" -eq 0 ] || ts=1
+fi
 if want check; then
     echo "== k3num check on cuda: the pinned bytes against themselves, then a planted bug"
     python - "$out/check-trees" <<'PY'
@@ -300,5 +324,5 @@ if [ -n "$k3_pid" ]; then wait "$k3_pid"; k3=$?; cat "$out/k3.log"; fi
 if [ -n "$small_pid" ]; then wait "$small_pid"; small=$?; cat "$out/small.log"; fi
 dirs=(); for d in k3 small; do [ -d "$out/$d" ] && dirs+=("$d"); done
 [ ${#dirs[@]} -gt 0 ] && tar czf "$out/properties.tgz" -C "$out" "${dirs[@]}"
-echo "device_session: checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
-[ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]
+echo "device_session: ts exit $ts, checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
+[ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]

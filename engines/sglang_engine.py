@@ -260,7 +260,9 @@ def _materialize_subject(helper_cls: Any) -> Any:
     the Triton `_fused_norm_rope_kernel_stacked`: per-head K RMSNorm, NeoX RoPE on the rotary part, K and
     V per layer), with DRAFT_CONTEXT_KV's signature. The layers are namespaces holding what its
     constructor reads (the fused QKV weight with zero Q rows, the K norm, the rotary embedding); the
-    pool write is a recording `write_layer_kv`. GPT-J pairing raises NotImplementedError (the helper's)."""
+    pool write is a recording `write_layer_kv`. GPT-J pairing raises NotImplementedError (the helper's).
+    eps: one value, or one per layer (each layer's k_norm.variance_epsilon: the helper stacks them into
+    its eps_values [L])."""
 
     def materialize(ctx: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor, k_norm: torch.Tensor,
                     positions: torch.Tensor, rope: Any, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -274,7 +276,8 @@ def _materialize_subject(helper_cls: Any) -> Any:
         layers = [types.SimpleNamespace(self_attn=types.SimpleNamespace(
             num_kv_heads=width // d, head_dim=d, rotary_emb=rotary, q_size=width, kv_size=width,
             qkv_proj=types.SimpleNamespace(weight=torch.cat([torch.zeros_like(k_weight[i]), k_weight[i], v_weight[i]])),
-            k_norm=types.SimpleNamespace(weight=k_norm[i], variance_epsilon=eps))) for i in range(num_layers)]
+            k_norm=types.SimpleNamespace(weight=k_norm[i], variance_epsilon=eps[i] if isinstance(eps, (list, tuple))
+                                         else eps))) for i in range(num_layers)]
         helper = helper_cls(layers, rotary, width // d, d, ctx.device)
         out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         helper.materialize(ctx, positions, lambda i, k, v: out.__setitem__(i, (k.clone(), v.clone())))

@@ -188,8 +188,9 @@ def unfused_context_kv(x: torch.Tensor, fused_qkv: torch.Tensor, norm: torch.Ten
 
 
 def draft_context_kv(ctx: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor, k_norm: torch.Tensor,
-                     positions: torch.Tensor, spec: Any, eps: float = EPS) -> dict[str, Expected]:
-    """Draft context K (norm + rope) and V [L,N,KVH,D] of every layer under the theory rule."""
+                     positions: torch.Tensor, spec: Any, eps: Any = EPS) -> dict[str, Expected]:
+    """Draft context K (norm + rope) and V [L,N,KVH,D] of every layer under the theory rule (eps: one
+    value, or a tuple of one per layer; the norm's gain below is bounded without eps, which only lowers it)."""
     want_k, want_v = ref_projection.draft_context_kv(up(ctx), up(k_weight), up(v_weight), up(k_norm), positions,
                                                      spec, eps)
     hidden, head_dim = ctx.shape[1], k_norm.shape[1]

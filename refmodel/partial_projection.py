@@ -11,6 +11,7 @@ sum. Then per draft layer K/V projections, per-head K norm, NeoX RoPE on K.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
@@ -92,9 +93,9 @@ def draft_context_kv(
     k_norm_weight: torch.Tensor,
     positions: torch.Tensor,
     rope: RopeSpec,
-    eps: float,
+    eps: float | Sequence[float],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The DFlash draft's context K/V for every draft layer.
+    """The DFlash draft's context K/V for every draft layer (eps: one value, or one per layer).
 
     ctx: [N, H]; k_weight, v_weight: [L, KVH*D, H]; k_norm_weight: [L, D];
     positions: [N] int. K is RMS-normed per head with layer l's [D] weight and
@@ -112,7 +113,13 @@ def draft_context_kv(
     checks.integer("positions", positions, (n,))
     checks.same_device(ctx=ctx, k_weight=k_weight, v_weight=v_weight, k_norm_weight=k_norm_weight,
                        positions=positions)
-    eps = checks.positive_float("eps", eps)
+    if isinstance(eps, (list, tuple)):  # one epsilon per draft layer (each layer's k_norm has its own)
+        if len(eps) != num_layers:
+            raise ValueError(f"eps: expected one value per layer ({num_layers}), got {len(eps)}")
+        eps_t: float | torch.Tensor = torch.tensor([checks.positive_float(f"eps[{i}]", e) for i, e in enumerate(eps)],
+                                                   dtype=torch.float64, device=ctx.device).view(num_layers, 1, 1, 1)
+    else:
+        eps_t = checks.positive_float("eps", cast(float, eps))
     if positions.numel() and int(positions.min()) < 0:
         raise ValueError(f"positions: expected values >= 0, got min {int(positions.min())}")
     if d < rope.rotary_dim:
@@ -120,6 +127,6 @@ def draft_context_kv(
     kvh = width // d
     k = torch.einsum("nh,lwh->lnw", ctx, k_weight).reshape(num_layers, n, kvh, d)
     v = torch.einsum("nh,lwh->lnw", ctx, v_weight).reshape(num_layers, n, kvh, d)
-    k = rmsnorm.normalize(k, k_norm_weight.view(num_layers, 1, 1, d), eps)  # per head
+    k = rmsnorm.normalize(k, k_norm_weight.view(num_layers, 1, 1, d), eps_t)  # per head
     k = rope_ops.rotate(k.transpose(0, 1), positions, rope).transpose(0, 1)  # [N, L, KVH, D] view
     return k, v

@@ -146,7 +146,8 @@ def _draft_kv_norm_across_heads(ctx, k_weight, v_weight, k_norm, positions, rope
     for layer in range(num_layers):
         k = ctx @ k_weight[layer].T  # [N, KVH*D]
         kf = k.float()
-        k = (kf * torch.rsqrt(kf.square().mean(-1, keepdim=True) + eps)).to(k.dtype)  # one rms over all heads
+        e = eps[layer] if isinstance(eps, (list, tuple)) else eps
+        k = (kf * torch.rsqrt(kf.square().mean(-1, keepdim=True) + e)).to(k.dtype)  # one rms over all heads
         k = k.view(n, width // d, d) * k_norm[layer]
         cache = m_ckv.rope_cache(rope, int(positions.max()) + 1, torch.float32, ctx.device)
         k = m_ckv.rotary(k.reshape(-1, d), positions.repeat_interleave(width // d), cache, rope.style)
@@ -309,8 +310,15 @@ class _StaleKWorkspace:
 
 # the DFlash materializer (an engine extra with DRAFT_CONTEXT_KV's signature): the K norm over all heads,
 # and a workspace that keeps state between calls
+def _materialize_first_layer_eps(ctx, k_weight, v_weight, k_norm, positions, rope, eps):
+    """Every layer's K normed with layer 0's epsilon (the per-layer eps_values not indexed by layer)."""
+    first = eps[0] if isinstance(eps, (list, tuple)) else eps
+    return m_proj.draft_context_kv(ctx, k_weight, v_weight, k_norm, positions, rope, first)
+
+
 MATERIALIZE_MUTANTS = {"draft_kv_materialize_norm_across_heads": lambda *a: _draft_kv_norm_across_heads(*a),
-                       "draft_kv_materialize_stale_workspace": _StaleKWorkspace()}
+                       "draft_kv_materialize_stale_workspace": _StaleKWorkspace(),
+                       "draft_kv_materialize_first_layer_eps": _materialize_first_layer_eps}
 
 
 def _tap_owned_by_producing_layer(layer_id, num_layers, stream):

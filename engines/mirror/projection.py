@@ -78,7 +78,8 @@ def draft_context_kv(
     for layer in range(num_layers):
         k = (ctx @ k_weight[layer].T).view(n, width // d, d)
         v = (ctx @ v_weight[layer].T).view(n, width // d, d)
-        k = rms_norm(k, k_norm_weight[layer], eps, ctx.dtype)  # per head, shared [D] weight
+        e = eps[layer] if isinstance(eps, (list, tuple)) else eps  # one epsilon, or one per layer
+        k = rms_norm(k, k_norm_weight[layer], e, ctx.dtype)  # per head, shared [D] weight
         k = rotary(k.reshape(n * (width // d), d), positions.repeat_interleave(width // d), cache, rope.style)
         ks.append(k.view(n, width // d, d))
         vs.append(v)

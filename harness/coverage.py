@@ -52,10 +52,15 @@ UNBOUND: tuple[Row, ...] = (
         "census of the K3 DSpark path (write_context_kv), not bound yet: needs drafter/dflash.py pinned and a "
         "CONTEXT_KV_FUSED subject over it"),
     Row("vllm", "csrc/kimi_k3/attn_res_kernel.cu", "kimi_k3_attn_res (tcgen05/TMEM)", "cuda", "2", "",
-        f"{NEEDS_SM100}; built for 10.0f only, taken at hidden 7168 with dense rows and num_blocks <= 8"),
-    Row("vllm", "vllm/models/kimi_k3/nvidia/ops/", "CuTe-DSL AttnRes decode", "cute-dsl", "2", "", NEEDS_SM100),
+        f"{NEEDS_SM100}. Ready: on a 10.x GPU with CUDA >= 13 `k3num build-ops` also builds it (supply/cuda_ops."
+        "build_plan: vLLM's 10.0f arch rule and flags), and the attn_res subject takes it exactly where vLLM's "
+        "wrapper does (hidden 7168, dense rows, num_blocks <= 8: tests/test_cuda_ops_build.py); elsewhere the "
+        "mode note says 'native kernel kimi_k3_attn_res: needs SM100'"),
+    Row("vllm", "vllm/models/kimi_k3/nvidia/ops/", "CuTe-DSL AttnRes decode", "cute-dsl", "2", "",
+        f"{NEEDS_SM100}; running it needs nvidia-cutlass-dsl (CUDA 13) on the SM100 host and its file pinned"),
     Row("sglang", "sglang/kernels/jit/csrc/kimi_k3/attn_res/", "AttnResFusedTmaKernel", "cuda", "2", "",
-        NEEDS_SM100),
+        f"{NEEDS_SM100}; running it needs SGLang's JIT build of the kernel (nvcc 13, the csrc folder pinned from "
+        "the wheel) on the SM100 host"),
     Row("tokenspeed", "tokenspeed_kernel/ops/residual/cuda.py", "cuda_attn_res_fwd (attn_res.so)", "cuda", "2", "",
         f"{NEEDS_SM100}; registered with min arch 10.0, so select_attn_res_fwd_kernel never takes it on SM90 "
         "(the bound torch_attn_res_fwd is what an H200 runs); running it needs the wheel's attn_res.so "

@@ -58,12 +58,80 @@ REGISTRATION = """\
 """
 
 
+# vLLM's Blackwell-only AttnRes kernel, `torch.ops._C.kimi_k3_attn_res` (csrc/kimi_k3/attn_res_kernel.cu:
+# tcgen05/TMEM). vLLM's CMakeLists.txt builds it only with a CUDA compiler >= 13.0, for
+# KIMI_K3_ATTN_RES_ARCHS = cuda_archs_loose_intersection("10.0f", CUDA_ARCHS), with the compile options
+# --expt-relaxed-constexpr --expt-extended-lambda --use_fast_math. It is its own library here (its flags are
+# not the other ops'), built and loaded beside them where `build_plan` says so.
+SM100_OPS = (("_C", "kimi_k3_attn_res"),)
+SM100_SOURCES = ("csrc/kimi_k3/attn_res_kernel.cu",)
+SM100_LIB = "k3num_vllm_attn_res_sm100"
+SM100_CUDA_FLAGS = ("--expt-relaxed-constexpr", "--expt-extended-lambda", "--use_fast_math")
+SM100_MIN_CUDA = (13, 0)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One library of a build: its name, sources, the ops it registers, the -gencode flags it is compiled
+    with ("" for TORCH_CUDA_ARCH_LIST's, this GPU's arch) and its extra nvcc flags."""
+
+    lib: str
+    sources: tuple[str, ...]
+    ops: tuple[tuple[str, str], ...]
+    gencode: tuple[str, ...] = ()
+    cuda_flags: tuple[str, ...] = ()
+
+
+def loose_intersection(src_arch: str, target: str) -> str | None:
+    """vLLM's cmake/utils.cmake cuda_archs_loose_intersection for one source entry and one target arch
+    ("10.0f" and "10.3", say): the exact base match keeps the source entry ("10.0f" for a 10.0 target); an
+    'f' (family) entry otherwise matches a target of the same major version and gives the target's value
+    ("10.3"); else None."""
+    base = src_arch.rstrip("af")
+    tgt_base = target.rstrip("af")
+    if base == tgt_base:
+        return src_arch
+    if src_arch.endswith("f") and base.split(".")[0] == tgt_base.split(".")[0]:
+        return target
+    return None
+
+
+def gencode(arch_entry: str) -> str:
+    """set_gencode_flags_for_srcs for one entry: "10.0f" -> -gencode=arch=compute_100f,code=sm_100f."""
+    stripped = arch_entry.replace(".", "")
+    return f"-gencode=arch=compute_{stripped},code=sm_{stripped}"
+
+
+def build_plan(capability: tuple[int, int], cuda_version: str | None) -> list[Unit]:
+    """The libraries `k3num build-ops` builds for a GPU of `capability` with CUDA `cuda_version`: vLLM's
+    context-KV ops always; the SM100 AttnRes kernel where vLLM's CMake would build it (CUDA >= 13.0 and
+    the target in the 10.0f family). Pure: tests/test_cuda_ops_build.py checks it on the CPU."""
+    units = [Unit(LIB_NAME, SOURCES, OPS)]
+    cuda = tuple(int(x) for x in (cuda_version or "0.0").split(".")[:2])
+    entry = loose_intersection("10.0f", f"{capability[0]}.{capability[1]}")
+    if cuda >= SM100_MIN_CUDA and entry is not None:
+        units.append(Unit(SM100_LIB, SM100_SOURCES, SM100_OPS, (gencode(entry),), SM100_CUDA_FLAGS))
+    return units
+
+
+def native_attn_res_note() -> str:
+    """What the mode note says of vLLM's native SM100 attn_res op on this machine."""
+    if not torch.cuda.is_available():
+        return "native kernel kimi_k3_attn_res: needs SM100 (no CUDA device here)"
+    major, minor = torch.cuda.get_device_capability()
+    if len(build_plan((major, minor), torch.version.cuda)) == 1:
+        return f"native kernel kimi_k3_attn_res: needs SM100 (this GPU is sm_{major}{minor})"
+    if hasattr(torch.ops._C, "kimi_k3_attn_res"):
+        return "native kernel kimi_k3_attn_res (SM100, built here): taken where vLLM's attn_res wrapper takes it"
+    return "native kernel kimi_k3_attn_res: this SM100 GPU can run it; build it with `k3num build-ops`"
+
+
 class BuildError(RuntimeError):
     """The ops cannot be built here (no CUDA, no compiler, no sources, or a compile error)."""
 
 
-def schemas(bindings_text: str) -> dict[tuple[str, str], str]:
-    """{(namespace, op): schema} for OPS, as `ops.def("...")` declares them inside the
+def schemas(bindings_text: str, ops: tuple[tuple[str, str], ...] = OPS) -> dict[tuple[str, str], str]:
+    """{(namespace, op): schema} for `ops`, as `ops.def("...")` declares them inside the
     `STABLE_TORCH_LIBRARY_FRAGMENT(namespace, ...)` blocks of torch_bindings.cpp."""
     frag = r"STABLE_TORCH_LIBRARY_FRAGMENT\(\s*(\w+)\s*,"
     frags = [(m.start(), m.group(1)) for m in re.finditer(frag, bindings_text)]
@@ -73,25 +141,25 @@ def schemas(bindings_text: str) -> dict[tuple[str, str], str]:
         schema = re.sub(r"\s+", " ", schema).strip()
         name = schema.split("(", 1)[0].strip()
         ns = next((n for pos, n in reversed(frags) if pos < m.start()), None)
-        if ns is not None and (ns, name) in OPS:
+        if ns is not None and (ns, name) in ops:
             found[(ns, name)] = schema
-    missing = [f"{ns}::{op}" for ns, op in OPS if (ns, op) not in found]
+    missing = [f"{ns}::{op}" for ns, op in ops if (ns, op) not in found]
     if missing:
         raise BuildError(f"contract changed: {BINDINGS} no longer declares {missing}")
     return found
 
 
-def registration_source(bindings_text: str) -> str:
-    """Our registration file for OPS, with the schemas of the sdist's bindings."""
-    sch = schemas(bindings_text)
+def registration_source(bindings_text: str, ops: tuple[tuple[str, str], ...] = OPS) -> str:
+    """Our registration file for `ops`, with the schemas of the sdist's bindings."""
+    sch = schemas(bindings_text, ops)
     blocks = []
-    for ns in dict.fromkeys(ns for ns, _ in OPS):
-        names = [op for n, op in OPS if n == ns]
+    for ns in dict.fromkeys(ns for ns, _ in ops):
+        names = [op for n, op in ops if n == ns]
         defs = "\n".join(f'  m.def("{sch[(ns, op)]}");' for op in names)
         impls = "\n".join(f'  m.impl("{op}", TORCH_BOX(&{op}));' for op in names)
         blocks.append(f"STABLE_TORCH_LIBRARY_FRAGMENT({ns}, m) {{\n{defs}\n}}\n"
                       f"STABLE_TORCH_LIBRARY_IMPL({ns}, CUDA, m) {{\n{impls}\n}}\n")
-    return REGISTRATION.format(count=len(OPS), blocks="\n".join(blocks))
+    return REGISTRATION.format(count=len(ops), blocks="\n".join(blocks))
 
 
 def arch() -> str:
@@ -175,8 +243,11 @@ def build_key(gpu_arch: str, src: CudaSources | None = None) -> str:
     registered ops: a build registering fewer ops is not reused)."""
     src = src or pinned_sources()
     h = hashlib.sha256()
+    units = build_plan((int(gpu_arch[:-1]), int(gpu_arch[-1])), torch.version.cuda)
     for part in (src.digest, torch.__version__, str(torch.version.cuda), gpu_arch, REGISTRATION,
-                 *DEFINES, *CUDA_UNDEFINES, *LDFLAGS, *SOURCES, *(f"{ns}::{op}" for ns, op in OPS)):
+                 *DEFINES, *CUDA_UNDEFINES, *LDFLAGS,
+                 *(f"{u.lib}:{','.join(u.sources)}:{','.join(u.gencode + u.cuda_flags)}:"
+                   f"{','.join(f'{ns}::{op}' for ns, op in u.ops)}" for u in units)):
         h.update(part.encode() + b"\0")
     torch_version = torch.__version__.replace("+", "_")
     return f"vllm-{src.label.replace('+', '_')}-torch{torch_version}-sm{gpu_arch}-{h.hexdigest()[:12]}"
@@ -228,8 +299,15 @@ def build(*, verbose: bool = False, jobs: int | None = None, log=print, src: Cud
                 _build_into(so.parent, gpu_arch, src, verbose=verbose, jobs=jobs, log=log)
                 return so  # the build loaded it (cpp_extension.load); a second load would register twice
     log(f"[build-ops] cached: {so}")
-    torch.ops.load_library(str(so))
+    for lib in libraries(gpu_arch, src):
+        torch.ops.load_library(str(lib))
     return so
+
+
+def libraries(gpu_arch: str, src: CudaSources | None = None) -> list[Path]:
+    """Every library the build plan of this GPU makes, the ops' first (what `load` loads)."""
+    units = build_plan((int(gpu_arch[:-1]), int(gpu_arch[-1])), torch.version.cuda)
+    return [build_dir(gpu_arch, src) / f"{u.lib}.so" for u in units]
 
 
 def _build_into(out: Path, gpu_arch: str, src: CudaSources, *, verbose: bool, jobs: int | None, log) -> None:
@@ -260,26 +338,38 @@ def _build_into(out: Path, gpu_arch: str, src: CudaSources, *, verbose: bool, jo
 
 
 def _compile(csrc: Path, out: Path, gpu_arch: str, *, verbose: bool, jobs: int | None, log) -> None:
-    so = out / f"{LIB_NAME}.so"
-    reg = out / "k3num_registration.cpp"
-    reg.write_text(registration_source((csrc / BINDINGS).read_text()))
+    for unit in build_plan((int(gpu_arch[:-1]), int(gpu_arch[-1])), torch.version.cuda):
+        _compile_unit(unit, csrc, out, gpu_arch, verbose=verbose, jobs=jobs, log=log)
+
+
+def _compile_unit(unit: Unit, csrc: Path, out: Path, gpu_arch: str, *, verbose: bool, jobs: int | None,
+                  log) -> None:
+    so = out / f"{unit.lib}.so"
+    unit_dir = out if unit.lib == LIB_NAME else out / unit.lib
+    unit_dir.mkdir(parents=True, exist_ok=True)
+    reg = unit_dir / "k3num_registration.cpp"
+    reg.write_text(registration_source((csrc / BINDINGS).read_text(), unit.ops))
     os.environ["TORCH_CUDA_ARCH_LIST"] = f"{gpu_arch[:-1]}.{gpu_arch[-1]}"
     if jobs:
         os.environ["MAX_JOBS"] = str(jobs)
     from torch.utils import cpp_extension
 
-    log(f"[build-ops] compiling {', '.join(SOURCES)} + registration for sm_{gpu_arch} against torch "
-        f"{torch.__version__} into {out}")
+    log(f"[build-ops] compiling {', '.join(unit.sources)} + registration for sm_{gpu_arch}"
+        f"{' (' + ' '.join(unit.gencode) + ')' if unit.gencode else ''} against torch {torch.__version__} into {out}")
     try:
         cpp_extension.load(
-            name=LIB_NAME, sources=[str(reg), *(str(csrc / s) for s in SOURCES)],
+            name=unit.lib, sources=[str(reg), *(str(csrc / s) for s in unit.sources)],
             extra_include_paths=[str(csrc / "csrc")],
             extra_cflags=["-O3", "-std=c++20", *DEFINES],
             extra_cuda_cflags=["-O3", "-std=c++20", "--expt-relaxed-constexpr", "--expt-extended-lambda",
-                               *DEFINES, *CUDA_UNDEFINES],
+                               *DEFINES, *CUDA_UNDEFINES, *unit.gencode,
+                               *(f for f in unit.cuda_flags if f not in ("--expt-relaxed-constexpr",
+                                                                         "--expt-extended-lambda"))],
             extra_ldflags=[f"-L{cpp_extension.CUDA_HOME}/lib64/stubs", *LDFLAGS],
-            build_directory=str(out), is_python_module=False, verbose=verbose,
+            build_directory=str(unit_dir), is_python_module=False, verbose=verbose,
         )
+        if unit_dir != out:
+            os.replace(unit_dir / f"{unit.lib}.so", so)
     except (RuntimeError, OSError, FileNotFoundError) as e:
         err = first_compile_error(str(e))
         cause = f" ({e.__cause__})" if e.__cause__ is not None else ""
@@ -304,7 +394,10 @@ def load(src: CudaSources | None = None) -> tuple[Path | None, str]:
         return None, (f"the ops of {src.origin} are not built for sm_{gpu_arch} and torch {torch.__version__}: "
                       f"run `{how}`")
     try:
-        torch.ops.load_library(str(so))
+        for lib in libraries(gpu_arch, src):
+            if not lib.exists():
+                return None, f"{lib} is missing from the build (run `k3num build-ops` again)"
+            torch.ops.load_library(str(lib))
     except OSError as e:
         return None, f"{so} does not load: {e}" + (f" ({e.__cause__})" if e.__cause__ is not None else "")
     return so, ""

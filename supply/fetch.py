@@ -615,8 +615,10 @@ SDISTS: dict[str, SdistPin] = {
     "vllm": SdistPin(
         "vllm", "vllm-0.33.0.tar.gz", "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112",
         ("csrc/layernorm_kernels.cu", "csrc/pos_encoding_kernels.cu", "csrc/cache_kernels.cu",
-         "csrc/torch_bindings.cpp", "csrc/ops.h"),
-        manifest_sha256="a81edce1a9088df2c50750871ae873ccb33190e4e195d49cf71bc1b682b329aa",
+         "csrc/torch_bindings.cpp", "csrc/ops.h",
+         # the SM100-only AttnRes kernel (supply/cuda_ops.py builds it on a 10.0-family GPU only)
+         "csrc/kimi_k3/attn_res_kernel.cu"),
+        manifest_sha256="0e0146bd86212a356bc61fcf26f4af664554d17f50abe446846cd73a8cb07de1",
     ),
 }
 
@@ -750,8 +752,10 @@ def csrc_problems(engine: str) -> list[str]:
     found = sha256_of(mpath)
     if pin.manifest_sha256 and found != pin.manifest_sha256:
         return [f"{mpath}: expected sha256 {pin.manifest_sha256}, found {found}"]
-    problems = []
-    for rel, want in json.loads(mpath.read_text()).items():
+    recorded = json.loads(mpath.read_text())
+    problems = [f"{root / r}: a root of the pin, not extracted (run `k3num fetch {engine}-csrc`)"
+                for r in pin.roots if r not in recorded]
+    for rel, want in recorded.items():
         got = sha256_of(root / rel) if (root / rel).is_file() else "none (the file is missing)"
         if got != want:
             problems.append(f"{root / rel}: expected sha256 {want}, found {got}")

@@ -225,3 +225,78 @@ def test_the_build_key_changes_with_the_registered_ops(monkeypatch) -> None:
     key = cuda_ops.build_key("90", src)
     monkeypatch.setattr(cuda_ops, "OPS", cuda_ops.OPS[:-1])
     assert cuda_ops.build_key("90", src) != key  # a cached build of fewer ops is not taken for this one
+
+
+@pytest.mark.parametrize(("capability", "cuda", "want"), [
+    ((10, 0), "13.0", "-gencode=arch=compute_100f,code=sm_100f"),  # the exact base: vLLM keeps "10.0f"
+    ((10, 3), "13.0", "-gencode=arch=compute_103,code=sm_103"),  # the family: the target's own value
+    ((10, 0), "12.9", None),  # vLLM's CMake asks for CUDA >= 13.0
+    ((9, 0), "13.0", None),  # the H200
+    ((12, 0), "13.0", None),  # another major version: not the 10.0f family
+    ((8, 0), None, None),
+])
+def test_the_build_plan_adds_the_sm100_attn_res_kernel_exactly_where_vllms_cmake_would(capability, cuda, want):
+    units = cuda_ops.build_plan(capability, cuda)
+    assert units[0] == cuda_ops.Unit(cuda_ops.LIB_NAME, cuda_ops.SOURCES, cuda_ops.OPS)
+    if want is None:
+        assert len(units) == 1, units
+        return
+    (sm100,) = units[1:]
+    assert sm100.sources == ("csrc/kimi_k3/attn_res_kernel.cu",) and sm100.ops == (("_C", "kimi_k3_attn_res"),)
+    assert sm100.gencode == (want,)
+    assert set(sm100.cuda_flags) == {"--expt-relaxed-constexpr", "--expt-extended-lambda", "--use_fast_math"}
+
+
+def test_the_sm100_kernels_sources_and_schema_are_in_the_pinned_csrc() -> None:
+    root = fetch.csrc_dir("vllm")
+    if fetch.csrc_problems("vllm"):
+        pytest.skip("vLLM's csrc is not fetched here (k3num fetch vllm-csrc)")
+    assert (root / "csrc/kimi_k3/attn_res_kernel.cu").is_file()
+    schema = cuda_ops.schemas((root / cuda_ops.BINDINGS).read_text(), cuda_ops.SM100_OPS)[("_C", "kimi_k3_attn_res")]
+    assert schema.startswith("kimi_k3_attn_res(") and "output" in schema
+    reg = cuda_ops.registration_source((root / cuda_ops.BINDINGS).read_text(), cuda_ops.SM100_OPS)
+    assert 'm.impl("kimi_k3_attn_res", TORCH_BOX(&kimi_k3_attn_res));' in reg and "rms_norm" not in reg
+
+
+DISPATCH = r'''
+import sys, torch
+from k3num.engines import triton_support
+triton_support.require_interpreter(); triton_support.round_bf16_to_nearest_even()
+from k3num.engines.vllm_adapter import attn_res as adapter
+from k3num.supply import fetch
+adapter._Platform.is_device_capability_family = staticmethod(lambda family: family == 100)  # an SM100 GPU
+calls = []
+lib = torch.library.Library("_C", "FRAGMENT")
+lib.define("kimi_k3_attn_res(Tensor prefix, Tensor? delta, Tensor! blocks, Tensor norm_weight, Tensor qk_weight, "
+           "Tensor? output_norm_weight, Tensor! output, int num_blocks, int block_write_idx, float eps, "
+           "float output_norm_eps) -> ()")
+def native(prefix, delta, blocks, norm, qk, onorm, output, nb, write, eps, oeps):
+    calls.append(nb)
+    output.copy_(prefix)
+lib.impl("kimi_k3_attn_res", native, "CPU")
+fn = adapter._load_attn_res(fetch.source_dir("vllm") / "vllm/models/kimi_k3/nvidia/ops/attn_res.py", True)
+for hidden, nb, dense in [(7168, 3, True), (7168, 8, True), (7168, 9, True), (4096, 3, True), (7168, 3, False)]:
+    t = 2
+    big = torch.randn(t, hidden * (1 if dense else 2)).bfloat16()
+    prefix = big[:, :hidden]  # not dense: a row stride of 2 * hidden
+    blocks = torch.randn(t, 9, hidden).bfloat16()
+    w = torch.ones(hidden).bfloat16()
+    before = len(calls)
+    fn(prefix, None, blocks, w, w, None, nb, -1, 1e-5, 1e-5)
+    print(hidden, nb, dense, "native" if len(calls) > before else "triton")
+'''
+
+
+def test_the_vllm_attn_res_subject_takes_the_native_op_exactly_where_vllms_wrapper_would() -> None:
+    """On a (simulated) SM100 GPU with `kimi_k3_attn_res` registered (a recording stand-in op, in a child
+    process): the lifted wrapper calls it at hidden 7168, dense rows, num_blocks <= 8, and runs its Triton
+    kernel otherwise. On this machine the platform's answer is the real one: no SM100."""
+    if fetch.missing_files("vllm"):
+        pytest.skip("vllm is not fetched (k3num fetch vllm)")
+    proc = subprocess.run([sys.executable, "-c", DISPATCH], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = proc.stdout.split("\n")
+    assert got[:5] == ["7168 3 True native", "7168 8 True native", "7168 9 True triton", "4096 3 True triton",
+                       "7168 3 False triton"], proc.stdout
+    assert "needs SM100" in cuda_ops.native_attn_res_note()

@@ -73,7 +73,7 @@ from k3num.engines.vllm_adapter.common import (
 )
 from k3num.engines.vllm_adapter.context_kv import BUILT_OPS, _bind_precompute, _built_ops, _RealContextKVOps
 from k3num.engines.vllm_adapter.weight_loading import _bind_weight_loading
-from k3num.supply import fetch, installed
+from k3num.supply import cuda_ops, fetch, installed
 
 __all__ = ["build", "build_rocm", "CONTRACT", "BOUND_BESIDES_CONTRACT", "contract_problems", "require_interpreter",
            "ATTN_RES_PY", "AMD_ATTN_RES_PY", "MODEL_PY", "DSPARK_PY", "IMPORT_OPS", "BUILT_OPS", "OPS_SUFFIX"]
@@ -227,7 +227,8 @@ def build() -> base.Engine:
     return base.Engine(
         name="vllm", version=fetch.version_label("vllm"), mode=mode, subjects=subjects, real_ops=real_ops,
         source_sha256={s: m.get(f, "") for s, f in files.items() if s in subjects}, missing={**MISSING, **missing},
-        extras=extras, mode_note="; ".join(filter(None, [note, NEAREST_EVEN_ADAPTATION if interpret else ""])),
+        extras=extras, mode_note="; ".join(filter(None, [note, cuda_ops.native_attn_res_note(),
+                                                         NEAREST_EVEN_ADAPTATION if interpret else ""])),
     )
 
 

@@ -16,22 +16,35 @@ def _triton() -> tuple[Any, Any]:
 
 
 class _Platform:
-    """Stand-in for vllm.platforms.current_platform: no SM100 native op; PDL on Hopper and newer."""
+    """Stand-in for vllm.platforms.current_platform: the device's capability family as vLLM computes it
+    (family 100: a 10.x GPU); PDL on Hopper and newer."""
 
     @staticmethod
     def is_device_capability_family(family: int) -> bool:
-        return False
+        if not torch.cuda.is_available():
+            return False
+        major, minor = torch.cuda.get_device_capability()
+        return (major * 10 + minor) // 10 == family // 10
 
     @staticmethod
     def is_arch_support_pdl() -> bool:
         return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
 
 
+CUSTOM_OPS_PY = "vllm/_custom_ops.py"
+
+
 def _load_attn_res(path: Path, interpret: bool) -> Any:
+    """nvidia/ops/attn_res.py's `attn_res`. Its native branch (hidden 7168, dense rows, num_blocks <= 8, a
+    10.x GPU, `torch.ops._C.kimi_k3_attn_res` registered) calls `ops.kimi_k3_attn_res`, lifted from
+    vllm/_custom_ops.py: it runs where `k3num build-ops` built the SM100 kernel (supply/cuda_ops.build_plan),
+    and nowhere else, exactly as the wrapper decides."""
     triton, tl = _triton()
+    root = Path(str(path)[: -len("vllm/models/kimi_k3/nvidia/ops/attn_res.py")])
+    custom = source.lift(root / CUSTOM_OPS_PY, "kimi_k3_attn_res", {"torch": torch})
     stubs = {
         "vllm": source.stub("vllm"),
-        "vllm._custom_ops": source.stub("vllm._custom_ops"),
+        "vllm._custom_ops": source.stub("vllm._custom_ops", kimi_k3_attn_res=custom),
         "vllm.platforms": source.stub("vllm.platforms", current_platform=_Platform()),
         "vllm.triton_utils": source.stub("vllm.triton_utils", tl=tl, triton=triton),
     }

@@ -227,8 +227,8 @@ def build() -> base.Engine:
     return base.Engine(
         name="vllm", version=fetch.version_label("vllm"), mode=mode, subjects=subjects, real_ops=real_ops,
         source_sha256={s: m.get(f, "") for s, f in files.items() if s in subjects}, missing={**MISSING, **missing},
-        extras=extras, mode_note="; ".join(filter(None, [note, cuda_ops.native_attn_res_note(),
-                                                         NEAREST_EVEN_ADAPTATION if interpret else ""])),
+        extras=extras, mode_note="; ".join(filter(None, [note, NEAREST_EVEN_ADAPTATION if interpret else "",
+                                                         cuda_ops.native_attn_res_note()])),
     )
 
 

@@ -121,10 +121,15 @@ SHIMS: dict[str, dict[str, str]] = {
             "def is_npu():\n    return False\n" + _FALLBACK),
     },
     "tokenspeed": {
-        "tokenspeed_kernel/ops/embedding.py": (
-            "def apply_k_rope(positions, k, head_dim, cos_sin_cache, is_neox):\n"
-            "    from engines.tokenspeed_engine import _apply_k_rope\n"
-            "    return _apply_k_rope(positions, k, head_dim, cos_sin_cache, is_neox)\n" + _FALLBACK),
+        # the package's entry point, on this machine: the pinned Triton apply_k_rope as source mode loads it
+        # (the real __init__ imports the registry, which a fake install cannot serve)
+        "tokenspeed_kernel/ops/embedding/__init__.py": (
+            "def apply_k_rope(positions, k, head_size, cos_sin_cache, *, is_neox=True, **kw):\n"
+            "    from k3num.engines import tokenspeed_kernels\n"
+            "    from k3num.supply import fetch\n"
+            "    kern = tokenspeed_kernels.load(fetch.cache_root() / 'tokenspeed-0.1.1', True, want_cuda_rope=False)\n"
+            "    return kern.apply_k_rope(positions, k, head_size, cos_sin_cache, is_neox=is_neox, **kw)\n"
+            + _FALLBACK),
     },
 }
 # top-level packages whose missing modules become placeholders

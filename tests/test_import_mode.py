@@ -135,9 +135,7 @@ def _both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> tuple[b
     monkeypatch.setenv(installed.MODE_ENV, "import")
     _install(tmp_path, monkeypatch, name.split("-")[0])
     imp = registry.build(name)
-    assert (src.mode, imp.mode) == (
-        "source-lifted" if name == "tokenspeed" else "source-interpreter" if not torch.cuda.is_available()
-        else "source-gpu", "import")
+    assert (src.mode, imp.mode) == ("source-interpreter" if not torch.cuda.is_available() else "source-gpu", "import")
     return src, imp
 
 

@@ -54,6 +54,15 @@ def write_slots(cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, slo
     mirror_ckv.write_cache(cache[None], kv_c[None], k_pe.reshape(k_pe.shape[0], -1)[None], slots)
 
 
+def _check_scales(scales: torch.Tensor | None) -> None:
+    """The reference's answer to a zero or non-finite FP8 scale: refuse (x / scale would saturate)."""
+    if scales is None:
+        raise ValueError("an FP8 KV cache needs its scales")
+    bad = ~(torch.isfinite(scales) & (scales > 0))
+    if bool(bad.any()):
+        raise ValueError(f"FP8 KV scales must be finite and > 0; got {scales.tolist()}")
+
+
 class ContextKVOps:
     """The three compiled ops of vLLM's fused context-KV path, as per-op subjects (the mirror's own
     kernels here; engines with the real ops bind theirs under the same interface):
@@ -67,7 +76,8 @@ class ContextKVOps:
     - insert_per_layer(kv_c [N, C], k_pe [N, R], cache [NB, BS, C + R], slots [N]) -> None: one layer's
       insert (vLLM's `concat_and_cache_mla`, what `do_kv_cache_update` calls), the same placement.
     Both take `kv_cache_dtype` ("auto", or "fp8_e4m3" / "fp8_e5m2" for a uint8 cache) and the scales
-    (grouped: kv_scales [L] float32; per layer: scale [1]): an FP8 cache holds sat-RNE(fl32(x / scale)).
+    (grouped: kv_scales [L] float32; per layer: scale [1]): an FP8 cache holds sat-RNE(fl32(x / scale)); a
+    zero or non-finite scale is refused (ValueError) before anything is written.
     """
 
     @staticmethod
@@ -82,6 +92,8 @@ class ContextKVOps:
     def insert_grouped(kv_c: torch.Tensor, k_pe: torch.Tensor, caches: list[torch.Tensor],
                        slot_mapping: torch.Tensor, kv_cache_dtype: str = "auto",
                        kv_scales: torch.Tensor | None = None) -> None:
+        if kv_cache_dtype != "auto":
+            _check_scales(kv_scales)  # every layer's, before any is written
         if kv_cache_dtype == "auto":
             mirror_ckv.write_cache(caches, kv_c, k_pe, slot_mapping)
             return
@@ -95,6 +107,7 @@ class ContextKVOps:
         if kv_cache_dtype == "auto":
             mirror_ckv.write_cache([cache], kv_c[None], k_pe[None], slots[None])
             return
+        _check_scales(scale)
         fmt = {"fp8_e4m3": torch.float8_e4m3fn, "fp8": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[
             kv_cache_dtype]
         q = torch.cat([kv_c, k_pe], -1).float() / scale.float()

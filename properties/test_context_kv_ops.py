@@ -221,3 +221,44 @@ def test_fp8_cache_slots_hold_their_layers_scaled_entry_and_nothing_else_changes
         want[s[keep] // block_size, s[keep] % block_size] = entries[keep]
         assert_bitwise(caches[layer], want, f"layer {layer}'s {fmt} cache (scale {scales[layer]:g}, "
                                             f"{'grouped' if grouped else 'per-layer'} insert)")
+
+
+@given(seed=seeds, layers=st.integers(1, 4), tokens=st.integers(1, 24), fmt=st.sampled_from(["fp8_e4m3", "fp8_e5m2"]),
+       bad=st.sampled_from([0.0, -0.0, float("inf"), float("-inf"), float("nan")]), grouped=st.booleans())
+def test_fp8_insert_with_a_zero_or_nonfinite_scale_refuses_or_poisons_visibly(engine, seed, layers, tokens, fmt, bad,
+                                                                             grouped):
+    """One layer's `_k_scale` is 0 or not finite (a checkpoint or a calibration gone wrong). x / scale is then
+    inf, NaN or 0 for every element, and a saturating conversion turns that into +-max or 0: plausible-looking
+    bytes. The insert must refuse (raise, and write nothing anywhere), or leave that layer's mapped slots
+    visibly poisoned (every byte there an FP8 NaN). Silently saturated entries are a finding."""
+    ops = _ops(engine, "insert_grouped" if grouped else "insert_per_layer")
+    gen = torch.Generator().manual_seed(seed)
+    kv_lora, r, block_size = 512, 64, 16
+    num_blocks = -(-2 * tokens // block_size)
+    kv_c = (torch.randn(layers, tokens, kv_lora, generator=gen) * 4).to(LOW).to(DEVICE)
+    k_pe = (torch.randn(layers, tokens, r, generator=gen) * 4).to(LOW).to(DEVICE)
+    caches = [torch.randint(0, 256, (num_blocks, block_size, kv_lora + r), generator=gen, dtype=torch.uint8).to(DEVICE)
+              for _ in range(layers)]
+    before = [c.clone() for c in caches]
+    slots = torch.stack([torch.randperm(num_blocks * block_size, generator=gen)[:tokens] for _ in range(layers)])
+    slots = slots.to(DEVICE)
+    victim = seed % layers
+    scales = [1.0 + 0.5 * i for i in range(layers)]
+    scales[victim] = bad
+    kv_scales = torch.tensor(scales, dtype=torch.float32, device=DEVICE)
+    try:
+        if grouped:
+            ops.insert_grouped(kv_c, k_pe, caches, slots, fmt, kv_scales)
+        else:  # the victim layer's own insert (each layer's is a call of its own)
+            ops.insert_per_layer(kv_c[victim], k_pe[victim], caches[victim], slots[victim].contiguous(), fmt,
+                                 kv_scales[victim:victim + 1])
+    except (RuntimeError, ValueError) as e:  # refused: nothing the call could reach may have changed
+        for layer in range(layers):
+            assert_bitwise(caches[layer], before[layer], f"layer {layer}'s cache after a refused insert ({e})")
+        return
+    fp8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[fmt]
+    written = caches[victim][slots[victim] // block_size, slots[victim] % block_size]
+    nan = torch.isnan(written.view(fp8).float())
+    assert bool(nan.all()), (
+        f"layer {victim}'s scale {bad} was taken: {int((~nan).sum())} of {nan.numel()} bytes in its slots are not NaN "
+        f"(e.g. {sorted(set(written[~nan].flatten()[:64].tolist()))[:8]}), written without a refusal")

@@ -376,6 +376,15 @@ class _BrokenOps(standins.ContextKVOps):
     def insert_per_layer(self, kv_c, k_pe, cache, slots, kv_cache_dtype="auto", scale=None):
         if self.bug == "fp8_scale_multiplied" and kv_cache_dtype != "auto":
             scale = 1.0 / scale  # x * scale where the cache holds x / scale
+        if self.bug == "fp8_bad_scale_saturated" and kv_cache_dtype != "auto":  # no check: x / 0 saturates
+            fmt = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[kv_cache_dtype]
+            q = torch.cat([kv_c, k_pe], -1).float() / scale.float()
+            big = torch.finfo(fmt).max
+            q = torch.where(torch.isnan(q), q, q.clamp(-big, big)).to(fmt).view(torch.uint8)
+            keep = slots >= 0
+            s = slots[keep].to(torch.int64)
+            cache[s // cache.shape[1], s % cache.shape[1]] = q[keep]
+            return None
         if self.bug != "per_layer_insert_offset_swapped":
             return super().insert_per_layer(kv_c, k_pe, cache, slots, kv_cache_dtype, scale)
         bs, keep = cache.shape[1], slots >= 0  # block and offset swapped where they fit
@@ -397,7 +406,7 @@ class _BrokenOps(standins.ContextKVOps):
 
 
 OPS_MUTANTS = ("norm_rounded_twice", "norm_weight_row_0", "rotary_rounded_twice", "insert_pointers_in_address_order",
-               "per_layer_insert_offset_swapped", "fp8_scale_multiplied")
+               "per_layer_insert_offset_swapped", "fp8_scale_multiplied", "fp8_bad_scale_saturated")
 
 # --- the hunt's families (oracles/hunt.py): state kept between calls, rows left unwritten, reads past
 # the rows a call may read, taps lost between PP stages

@@ -14,6 +14,7 @@ xfail. A fix turns that case red on the pinned release, and the entry must go.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,6 +110,10 @@ CASES: dict[str, LedgerCase] = {
                           lambda a: _heads_differ(a["case"]) and not a["case"].publish_lens,
                           "test_kv_transfer_copies_exactly_the_head_aware_plan_or_is_refused",
                           {"case": SEED_003_TRANSFER}),
+    "K3N-014": LedgerCase("the bad scale is 0 or infinite (a NaN scale poisons every byte, visibly)",
+                          lambda a: a["bad"] == 0.0 or math.isinf(a["bad"]),
+                          "test_fp8_insert_with_a_zero_or_nonfinite_scale_refuses_or_poisons_visibly",
+                          {"seed": 0, "layers": 1, "tokens": 1, "fmt": "fp8_e4m3", "bad": 0.0, "grouped": False}),
 }
 
 

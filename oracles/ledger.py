@@ -236,6 +236,22 @@ LEDGER: tuple[Divergence, ...] = (
                    "run on synthetic pointers with a recording _transfer_data)",
         upstream="none found (not reported yet)",
     ),
+    Divergence(
+        id="K3N-014", files=("vllm/models/kimi_k3/nvidia/dspark_mla.py", "vllm/_custom_ops.py"),
+        engine="vllm", version="0.33.0", subject="context_kv_ops", modes=("source-gpu", "import"),
+        test="test_fp8_insert_with_a_zero_or_nonfinite_scale_refuses_or_poisons_visibly",
+        what="an FP8 KV cache whose layer scale (_k_scale) is 0 or infinite is written without a refusal: "
+             "concat_and_cache_mla and concat_and_cache_mla_grouped (csrc/cache_kernels.cu, fp8::scaled_convert) "
+             "divide by the scale and saturate, so every entry of that layer becomes +-448 (e4m3; +-57344 e5m2) "
+             "for a zero scale and +-0 for an infinite one: plausible bytes, no error. The Python that hands the "
+             "scales to the kernels (dspark_mla.py stacks each attention's _k_scale into kv_scales; the "
+             "_custom_ops.py wrappers) checks nothing either. A NaN scale writes NaN everywhere (visible)",
+        reproducer="one layer, one token, fp8_e4m3, scale 0.0, the per-layer insert: all 576 bytes of the slot are "
+                   "0x7E or 0xFE (+-448), no exception (GPU run 44; run 45's table covers both inserts, both "
+                   "formats and 0, -0, inf, -inf, NaN: scripts/fp8_bad_scale_probe.py)",
+        upstream="none found (not reported yet); whether vLLM's KV-cache quantization loader rejects such "
+                 "scales before they reach the model is not checked here (its file is not pinned)",
+    ),
 )
 
 

@@ -412,9 +412,9 @@ def verified_manifest(engine: str, *, log: Log = _warn) -> dict[str, str]:
                 lacking = [w for w, path in found.items() if path is None]
                 if lacking:
                     raise FetchError(
-                        f"{engine}: the cache does not hold the pinned {pin.version} bytes, and the wheel "
-                        f"{', '.join(f'{w.dist}=={w.version}' for w in lacking)} is not in {wheels} to re-extract "
-                        f"them from: {'; '.join(problems)}. Run `k3num fetch {engine}` to restore them, or "
+                        f"{engine}: the cache does not hold the pinned {pin.version} bytes, and the wheel is not in "
+                        f"{wheels} to re-extract them from ({', '.join(f'{w.dist}=={w.version}' for w in lacking)}): "
+                        f"{'; '.join(problems)}. Run `k3num fetch {engine}` to restore them, or "
                         f"--engine-src {engine}=PATH to test modified files on purpose")
                 for w, path in found.items():
                     _check_wheel(w, path, delete=False)

@@ -10,9 +10,12 @@ bf16 GEMM against the 5 layers' stacked kv_a_proj_with_mqa rows [2880, 7168], th
 `concat_and_cache_mla_grouped` into 5 per-layer paged caches. Unfused (before the PR): per layer, the
 full fused_qkv_a GEMM [2112, 7168] with Q discarded, then the same real ops on that layer alone
 (`ops.rms_norm` with its 1-D weight row, `ops.rotary_embedding`, the grouped insert with one layer).
-Both include the Python around the ops (the lifted method, the adapter's namespace), which
-dominates at small N. The copy rate is a 2 GiB device-to-device copy timed the same way. Timing:
-CUDA events, median of --reps after a warm-up (bench.timing).
+`fused_ms` / `unfused_ms` include the Python around the ops (the lifted method, the adapter's namespace),
+which dominates at small N: CUDA events around each whole call, median of --reps after a warm-up
+(bench.timing). `*_kernel_ms` is the GPU time of the kernels alone: the torch profiler's device time of
+every kernel the call launched, summed, over --reps calls, divided by --reps (gaps between kernels and
+the host's time not counted). The speedup is given for both. The copy rate is a 2 GiB device-to-device
+copy timed the same way.
 """
 
 from __future__ import annotations
@@ -89,7 +92,9 @@ def main() -> int:
 
         t_f = median_seconds(run_fused, dev, args.reps)
         t_u = median_seconds(run_unfused, dev, args.reps)
+        k_f, k_u = kernel_seconds(run_fused, args.reps), kernel_seconds(run_unfused, args.reps)
         rows.append({"tokens": n, "fused_ms": t_f * 1e3, "unfused_ms": t_u * 1e3, "speedup": t_u / t_f,
+                     "fused_kernel_ms": k_f * 1e3, "unfused_kernel_ms": k_u * 1e3, "kernel_speedup": k_u / k_f,
                      "gemm_rows_fused": L * W, "gemm_rows_unfused": L * (Q + W),
                      "copy_TBps": copy_bytes / copy_s / 1e12})
     df = pd.DataFrame(rows)
@@ -100,6 +105,21 @@ def main() -> int:
     if args.csv:
         df.to_csv(args.csv, index=False)
     return 0
+
+
+def kernel_seconds(fn, reps: int) -> float:
+    """The GPU time of the kernels `fn` launches, per call: the torch profiler's self device time of every
+    event over `reps` calls (after one warm-up), summed, divided by reps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    total_us = sum(e.self_device_time_total for e in prof.key_averages())
+    return total_us / reps / 1e6
 
 
 def _has_tabulate() -> bool:

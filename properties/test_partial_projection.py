@@ -181,7 +181,7 @@ FC_NORM = "project_unsharded_fc_norm"
 SEGMENTED = "segmented_rmsnorm"
 
 
-@given(seed=seeds, tokens=st.integers(1, 24), segments=st.integers(1, 6), hidden=st.sampled_from([16, 48, 64, 256]))
+@given(seed=seeds, tokens=st.integers(1, 6), segments=st.integers(1, 6), hidden=st.sampled_from([16, 48, 64, 256]))
 def test_segmented_rms_norm_segment_s_is_normed_by_weight_row_s_in_fp32_rounded_once(engine, seed, tokens, segments,
                                                                                      hidden):
     """TokenSpeed's `_segmented_rmsnorm_kernel` (the fc_norm of a draft whose config has it): segment s of

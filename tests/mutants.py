@@ -643,7 +643,12 @@ def build_drift(name: str) -> base.Engine:
     engine = mirror.build()
     subjects = dict(engine.subjects)
     subjects.update(DRIFT[name])
-    return dataclasses.replace(engine, version=f"{engine.version}+drift-{name}", subjects=subjects)
+    extras = dict(engine.extras)
+    if base.PROJECT_UNSHARDED in DRIFT[name]:  # the fc_norm projection is the same projection, drifted too
+        drifted = subjects[base.PROJECT_UNSHARDED]
+        extras["project_unsharded_fc_norm"] = lambda t, f, w, n, e: drifted(
+            t if w is None else m_proj.segmented_rms_norm(t.permute(1, 0, 2), w, e).permute(1, 0, 2), f, n, e)
+    return dataclasses.replace(engine, version=f"{engine.version}+drift-{name}", subjects=subjects, extras=extras)
 
 
 def build(name: str) -> base.Engine:

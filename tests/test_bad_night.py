@@ -136,16 +136,16 @@ def test_fetch_refuses_an_unknown_target_listing_every_valid_one(capsys) -> None
 
 
 def test_the_log_ends_with_the_engines_the_drift_table_the_csv_and_the_next_command(tmp_path: Path) -> None:
-    r = _pytest("properties/test_attn_res.py", "--engine", "mirror,tokenspeed", "--drift-dir", str(tmp_path))
-    assert r.returncode == 1, r.stdout[-3000:]  # tokenspeed has no attn_res subject: asked for, ran nothing
+    r = _pytest("properties/test_attn_res.py", "--engine", "mirror,sglang", "--drift-dir", str(tmp_path))
+    assert r.returncode == 1, r.stdout[-3000:]  # sglang has no attn_res subject: asked for, ran nothing
     lines = r.stdout.rstrip().splitlines()
     at = {key: max(i for i, ln in enumerate(lines) if ln.startswith(key)) for key in (
-        "engines (how each was bound", "  mirror", "  tokenspeed", "drift: worst", "drift CSV:", "next: k3num report")}
+        "engines (how each was bound", "  mirror", "  sglang", "drift: worst", "drift CSV:", "next: k3num report")}
     assert at["engines (how each was bound"] < at["  mirror"] < at["drift: worst"] < at["drift CSV:"] \
         < at["next: k3num report"] == len(lines) - 1, r.stdout[-3000:]
     assert "Failing explicit example" not in r.stdout  # a skip raised inside an @example is a skip
     assert "SKIPPED" not in r.stdout  # grouped by reason in the block, not a line per test
-    assert re.search(r"^\s+6\s+engine tokenspeed 0\.1\.1 has no subject attn_res", r.stdout, re.M), r.stdout[-3000:]
+    assert re.search(r"^\s+7\s+engine sglang 0\.5\.23 has no subject attn_res", r.stdout, re.M), r.stdout[-3000:]
 
 
 def test_each_run_writes_its_own_csv_and_the_latest_link_follows(tmp_path: Path) -> None:

@@ -54,6 +54,18 @@ def write_slots(cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, slo
     mirror_ckv.write_cache(cache[None], kv_c[None], k_pe.reshape(k_pe.shape[0], -1)[None], slots)
 
 
+def write_fp8_unchecked(kv_c: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
+                        kv_cache_dtype: str, scale: torch.Tensor) -> None:
+    """sat-RNE(fl32(x / scale)) into the uint8 cache at the slots (< 0 skipped), the scale taken as it is."""
+    fmt = {"fp8_e4m3": torch.float8_e4m3fn, "fp8": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[kv_cache_dtype]
+    q = torch.cat([kv_c, k_pe], -1).float() / scale.float()
+    big = torch.finfo(fmt).max
+    q = torch.where(torch.isnan(q), q, q.clamp(-big, big)).to(fmt).view(torch.uint8)
+    keep = slots >= 0
+    s = slots[keep].to(torch.int64)
+    cache[s // cache.shape[1], s % cache.shape[1]] = q[keep]
+
+
 def _check_scales(scales: torch.Tensor | None) -> None:
     """The reference's answer to a zero or non-finite FP8 scale: refuse (x / scale would saturate)."""
     if scales is None:
@@ -108,11 +120,4 @@ class ContextKVOps:
             mirror_ckv.write_cache([cache], kv_c[None], k_pe[None], slots[None])
             return
         _check_scales(scale)
-        fmt = {"fp8_e4m3": torch.float8_e4m3fn, "fp8": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[
-            kv_cache_dtype]
-        q = torch.cat([kv_c, k_pe], -1).float() / scale.float()
-        big = torch.finfo(fmt).max
-        q = torch.where(torch.isnan(q), q, q.clamp(-big, big)).to(fmt).view(torch.uint8)
-        keep = slots >= 0
-        s = slots[keep].to(torch.int64)
-        cache[s // cache.shape[1], s % cache.shape[1]] = q[keep]
+        write_fp8_unchecked(kv_c, k_pe, cache, slots, kv_cache_dtype, scale)

@@ -226,9 +226,8 @@ def build() -> base.Engine:
     notes = [note, kern_note]
     if kern is not None:
         extras["context_kv_ops"] = _Ops(kern)
-        if not interpret or kern.segmented_rmsnorm is not None:
-            extras["project_unsharded_fc_norm"] = unsharded_fc_norm
-            extras["segmented_rmsnorm"] = kern.segmented_rmsnorm
+        extras["project_unsharded_fc_norm"] = unsharded_fc_norm
+        extras["segmented_rmsnorm"] = kern.segmented_rmsnorm
         mode = "source-interpreter" if interpret else "source-gpu"
         real = KERNEL_OPS
         notes += [kern.note, *((triton_support.NEAREST_EVEN_ADAPTATION,) if interpret else ())]

@@ -114,7 +114,7 @@ def load(root: Path, interpret: bool, *, want_cuda_rope: bool = True) -> Kernels
 
     cuda_embedding_rope.name = "cuda_embedding_rope"  # type: ignore[attr-defined]
     embed.triton_embedding_rope.name = "triton_embedding_rope"
-    chosen: list[str] = []
+    chosen: set[str] = set()  # the kernels the selection has taken (a set: one entry per kernel, not per call)
 
     def select_kernel(family, op, signature, *, traits, solution=None, override=None):  # noqa: ANN001
         if (family, op) != ("embedding", "rope") or solution or override:
@@ -126,7 +126,7 @@ def load(root: Path, interpret: bool, *, want_cuda_rope: bool = True) -> Kernels
             raise ValueError("Triton RoPE does not support fused KV writes")
         else:
             kernel = embed.triton_embedding_rope
-        chosen.append(kernel.name)
+        chosen.add(kernel.name)
         return kernel
 
     init_ns = {"torch": torch, "select_kernel": select_kernel, "format_signature": lambda **k: None,

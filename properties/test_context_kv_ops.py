@@ -181,6 +181,21 @@ def test_per_layer_and_grouped_inserts_write_the_same_bytes(engine, seed, layers
         assert_bitwise(single[layer], grouped[layer], f"layer {layer}'s {layout} cache: per-layer against grouped")
 
 
+def _fp8_cache_case(seed: int, layers: int, tokens: int):
+    """(kv_c [L,N,512], k_pe [L,N,64] bf16 on DEVICE, L uint8 caches [NB,16,576] of random bytes, their copies,
+    slots [L,N] on the CPU (distinct per layer, none skipped), block_size) for the FP8 insert properties."""
+    gen = torch.Generator().manual_seed(seed)
+    kv_lora, r, block_size = 512, 64, 16
+    num_blocks = -(-2 * tokens // block_size)
+    kv_c = (torch.randn(layers, tokens, kv_lora, generator=gen) * 4).to(LOW).to(DEVICE)
+    k_pe = (torch.randn(layers, tokens, r, generator=gen) * 4).to(LOW).to(DEVICE)
+    caches = [torch.randint(0, 256, (num_blocks, block_size, kv_lora + r), generator=gen, dtype=torch.uint8).to(DEVICE)
+              for _ in range(layers)]
+    before = [c.clone() for c in caches]
+    slots = torch.stack([torch.randperm(num_blocks * block_size, generator=gen)[:tokens] for _ in range(layers)])
+    return kv_c, k_pe, caches, before, slots, block_size
+
+
 @given(seed=seeds, layers=st.integers(1, 4), tokens=st.integers(1, 32), fmt=st.sampled_from(["fp8_e4m3", "fp8_e5m2"]),
        scales=st.lists(st.floats(0.0625, 8.0, allow_nan=False, width=32), min_size=4, max_size=4, unique=True),
        grouped=st.booleans())
@@ -194,15 +209,7 @@ def test_fp8_cache_slots_hold_their_layers_scaled_entry_and_nothing_else_changes
     from k3num.refmodel import quant
 
     ops = _ops(engine, "insert_grouped" if grouped else "insert_per_layer")
-    gen = torch.Generator().manual_seed(seed)
-    kv_lora, r, block_size = 512, 64, 16
-    num_blocks = -(-2 * tokens // block_size)
-    kv_c = (torch.randn(layers, tokens, kv_lora, generator=gen) * 4).to(LOW).to(DEVICE)
-    k_pe = (torch.randn(layers, tokens, r, generator=gen) * 4).to(LOW).to(DEVICE)
-    caches = [torch.randint(0, 256, (num_blocks, block_size, kv_lora + r), generator=gen, dtype=torch.uint8).to(DEVICE)
-              for _ in range(layers)]
-    before = [c.clone() for c in caches]
-    slots = torch.stack([torch.randperm(num_blocks * block_size, generator=gen)[:tokens] for _ in range(layers)])
+    kv_c, k_pe, caches, before, slots, block_size = _fp8_cache_case(seed, layers, tokens)
     slots[:, seed % 3:: 3] = -1
     slots = slots.to(DEVICE)
     kv_scales = torch.tensor(scales[:layers], dtype=torch.float32, device=DEVICE)
@@ -235,15 +242,7 @@ def test_fp8_insert_with_a_zero_or_nonfinite_scale_refuses_or_poisons_visibly(en
     bytes. The insert must refuse (raise, and write nothing anywhere), or leave that layer's mapped slots
     visibly poisoned (every byte there an FP8 NaN). Silently saturated entries are a finding."""
     ops = _ops(engine, "insert_grouped" if grouped else "insert_per_layer")
-    gen = torch.Generator().manual_seed(seed)
-    kv_lora, r, block_size = 512, 64, 16
-    num_blocks = -(-2 * tokens // block_size)
-    kv_c = (torch.randn(layers, tokens, kv_lora, generator=gen) * 4).to(LOW).to(DEVICE)
-    k_pe = (torch.randn(layers, tokens, r, generator=gen) * 4).to(LOW).to(DEVICE)
-    caches = [torch.randint(0, 256, (num_blocks, block_size, kv_lora + r), generator=gen, dtype=torch.uint8).to(DEVICE)
-              for _ in range(layers)]
-    before = [c.clone() for c in caches]
-    slots = torch.stack([torch.randperm(num_blocks * block_size, generator=gen)[:tokens] for _ in range(layers)])
+    kv_c, k_pe, caches, before, slots, block_size = _fp8_cache_case(seed, layers, tokens)
     slots = slots.to(DEVICE)
     victim = seed % layers
     scales = [1.0 + 0.5 * i for i in range(layers)]

@@ -361,10 +361,9 @@ def _compile_unit(unit: Unit, csrc: Path, out: Path, gpu_arch: str, *, verbose: 
             name=unit.lib, sources=[str(reg), *(str(csrc / s) for s in unit.sources)],
             extra_include_paths=[str(csrc / "csrc")],
             extra_cflags=["-O3", "-std=c++20", *DEFINES],
-            extra_cuda_cflags=["-O3", "-std=c++20", "--expt-relaxed-constexpr", "--expt-extended-lambda",
-                               *DEFINES, *CUDA_UNDEFINES, *unit.gencode,
-                               *(f for f in unit.cuda_flags if f not in ("--expt-relaxed-constexpr",
-                                                                         "--expt-extended-lambda"))],
+            extra_cuda_cflags=list(dict.fromkeys(["-O3", "-std=c++20", "--expt-relaxed-constexpr",
+                                                  "--expt-extended-lambda", *DEFINES, *CUDA_UNDEFINES,
+                                                  *unit.gencode, *unit.cuda_flags])),
             extra_ldflags=[f"-L{cpp_extension.CUDA_HOME}/lib64/stubs", *LDFLAGS],
             build_directory=str(unit_dir), is_python_module=False, verbose=verbose,
         )

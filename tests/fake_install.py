@@ -124,11 +124,14 @@ SHIMS: dict[str, dict[str, str]] = {
         # the package's entry point, on this machine: the pinned Triton apply_k_rope as source mode loads it
         # (the real __init__ imports the registry, which a fake install cannot serve)
         "tokenspeed_kernel/ops/embedding/__init__.py": (
-            "def apply_k_rope(positions, k, head_size, cos_sin_cache, *, is_neox=True, **kw):\n"
+            "import functools\n"
+            "@functools.cache\n"
+            "def _kernels():\n"
             "    from k3num.engines import tokenspeed_kernels\n"
             "    from k3num.supply import fetch\n"
-            "    kern = tokenspeed_kernels.load(fetch.cache_root() / 'tokenspeed-0.1.1', True, want_cuda_rope=False)\n"
-            "    return kern.apply_k_rope(positions, k, head_size, cos_sin_cache, is_neox=is_neox, **kw)\n"
+            "    return tokenspeed_kernels.load(fetch.cache_root() / 'tokenspeed-0.1.1', True, want_cuda_rope=False)\n"
+            "def apply_k_rope(positions, k, head_size, cos_sin_cache, *, is_neox=True, **kw):\n"
+            "    return _kernels().apply_k_rope(positions, k, head_size, cos_sin_cache, is_neox=is_neox, **kw)\n"
             + _FALLBACK),
     },
 }

@@ -377,14 +377,7 @@ class _BrokenOps(standins.ContextKVOps):
         if self.bug == "fp8_scale_multiplied" and kv_cache_dtype != "auto":
             scale = 1.0 / scale  # x * scale where the cache holds x / scale
         if self.bug == "fp8_bad_scale_saturated" and kv_cache_dtype != "auto":  # no check: x / 0 saturates
-            fmt = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[kv_cache_dtype]
-            q = torch.cat([kv_c, k_pe], -1).float() / scale.float()
-            big = torch.finfo(fmt).max
-            q = torch.where(torch.isnan(q), q, q.clamp(-big, big)).to(fmt).view(torch.uint8)
-            keep = slots >= 0
-            s = slots[keep].to(torch.int64)
-            cache[s // cache.shape[1], s % cache.shape[1]] = q[keep]
-            return None
+            return standins.write_fp8_unchecked(kv_c, k_pe, cache, slots, kv_cache_dtype, scale)
         if self.bug != "per_layer_insert_offset_swapped":
             return super().insert_per_layer(kv_c, k_pe, cache, slots, kv_cache_dtype, scale)
         bs, keep = cache.shape[1], slots >= 0  # block and offset swapped where they fit

@@ -25,15 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.timing import median_seconds  # noqa: E402
-
-
-def _copymedian_seconds(device: torch.device, reps: int) -> tuple[float, int]:
-    """Seconds for one device-to-device copy of 2 GiB (64 KiB off the GPU) and its bytes read + written."""
-    n = (1 << 30) if device.type == "cuda" else 1 << 15
-    src = torch.empty(n, dtype=torch.bfloat16, device=device)
-    dst = torch.empty_like(src)
-    return median_seconds(lambda: dst.copy_(src), device, reps), 2 * 2 * n
+from bench.timing import copy_seconds, median_seconds  # noqa: E402
 
 
 def main() -> None:
@@ -58,7 +50,7 @@ def main() -> None:
         return torch.randn(*shape, generator=g, device=device).to(torch.bfloat16)
 
     rows: list[dict[str, object]] = []
-    copy_s, copy_bytes = _copymedian_seconds(device, args.reps)
+    copy_s, copy_bytes = copy_seconds(device, args.reps)
     copy_rate = copy_bytes / copy_s
     rows.append({"kernel": "device copy (2 GiB)", "ms": copy_s * 1e3, "GB/s": copy_rate / 1e9, "of copy": 1.0})
 

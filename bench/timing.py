@@ -26,3 +26,12 @@ def median_seconds(fn: Callable[[], object], device: torch.device, reps: int) ->
             fn()
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def copy_seconds(device: torch.device, reps: int) -> tuple[float, int]:
+    """Seconds for one device-to-device copy of 2 GiB (64 KiB off the GPU) and its bytes read + written:
+    the copy rate every bandwidth figure is given against."""
+    n = (1 << 30) if device.type == "cuda" else 1 << 15
+    src = torch.empty(n, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    return median_seconds(lambda: dst.copy_(src), device, reps), 2 * 2 * n

@@ -67,16 +67,14 @@ def attn_res_oracle(engine: Any, prefix: torch.Tensor, delta: torch.Tensor | Non
     the write-back property checks exactly); its order is write, then mix. Budget: mixture_budget,
     plus the output norm's term when there is one."""
     p = prefix if delta is None else round_storage(engine, prefix.float() + delta.float())
-    want, new_prefix, new_blocks = ref_attn_res.attn_res(up(p), None, up(blocks), up(norm), up(qk),
-                                                         None if out_norm is None else up(out_norm), num_blocks,
-                                                         write, eps, out_eps)
-    sources = torch.cat([new_blocks[:, :num_blocks], new_prefix[:, None]], 1)
+    # the mixture before the output norm, and the norm applied to it: the oracle's own two steps
+    want, _, _, sources, mixed = ref_attn_res.attn_res_with_sources(
+        up(p), None, up(blocks), up(norm), up(qk), None if out_norm is None else up(out_norm), num_blocks, write, eps,
+        out_eps)
     pre_norm = engine.extras.get("attn_res_roundings", {}).get("pre_out_norm")
     if out_norm is not None and pre_norm is not None:
         # the engine rounds the mix to storage before its output norm (declared): the mixture's budget,
         # less its own rounding, through the norm's gain, plus that rounding and the output's
-        mixed, _, _ = ref_attn_res.attn_res(up(p), None, up(blocks), up(norm), up(qk), None, num_blocks, write, eps,
-                                            out_eps)
         b = mixture_budget(mixed, sources, up(norm) * up(qk), prefix.shape[1], engine.rounding)
         return want, normed_after_rounding(want, mixed, b, engine.rounding)
     budget = mixture_budget(want, sources, up(norm) * up(qk), prefix.shape[1], engine.rounding)
@@ -108,8 +106,8 @@ def mix_budget(engine: Any, name: str, want: torch.Tensor, sources: torch.Tensor
 def read_only_mixture(engine: Any, name: str, prefix: torch.Tensor, bank: torch.Tensor, nvb: int,
                       norm: torch.Tensor, proj: torch.Tensor, eps: float = EPS) -> tuple[torch.Tensor, budgets.Budget]:
     """(oracle [T,H], budget) of a read-only pre-norm mixture of bank[:, :nvb] and the prefix."""
-    want, _, _ = ref_attn_res.attn_res(up(prefix), None, up(bank), up(norm), up(proj), None, nvb, -1, eps, 0.0)
-    sources = torch.cat([up(bank[:, :nvb]), up(prefix)[:, None]], 1)
+    want, _, _, sources, _ = ref_attn_res.attn_res_with_sources(up(prefix), None, up(bank), up(norm), up(proj), None,
+                                                                nvb, -1, eps, 0.0)
     return want, mix_budget(engine, name, want, sources, up(norm) * up(proj), prefix.shape[1], nvb)
 
 
@@ -119,10 +117,8 @@ def residual_mixture(engine: Any, prefix: torch.Tensor, bank: torch.Tensor, nvb:
     """(oracle [T,H], budget) of the model-level aggregation (SGLang's AttnResidual.forward): the
     mixture rounded to storage, then the output norm in fp32 with one rounding. The mixture's own
     budget less its final rounding is carried through the output norm's gain."""
-    want, _, _ = ref_attn_res.attn_res(up(prefix), None, up(bank), up(norm), up(proj), up(out_norm), nvb, -1, eps,
-                                       eps)
-    mixed, _, _ = ref_attn_res.attn_res(up(prefix), None, up(bank), up(norm), up(proj), None, nvb, -1, eps, eps)
-    sources = torch.cat([up(bank[:, :nvb]), up(prefix)[:, None]], 1)
+    want, _, _, sources, mixed = ref_attn_res.attn_res_with_sources(up(prefix), None, up(bank), up(norm), up(proj),
+                                                                    up(out_norm), nvb, -1, eps, eps)
     b = mix_budget(engine, "attn_res_residual", mixed, sources, up(norm) * up(proj), prefix.shape[1], nvb)
     return want, normed_after_rounding(want, mixed, b, engine.rounding)
 

@@ -159,8 +159,8 @@ def mixture(out_ref: torch.Tensor, sources: torch.Tensor, q: torch.Tensor, hidde
     """
     normed = sources * torch.rsqrt(sources.square().mean(-1, keepdim=True) + eps)
     logits = normed @ q
-    ref_max = out_ref.abs().max().item()
-    acc = 4 * probabilistic(hidden, U32) * (1 + logits.abs().max().item()) * ref_max
+    ref_max, logit_max = torch.stack([out_ref.abs().max(), logits.abs().max()]).tolist()  # one sync
+    acc = 4 * probabilistic(hidden, U32) * (1 + logit_max) * ref_max
     rule = "4*lambda*sqrt(H)*u32*(1+max|logit|)"
     if logit_dtype is not None:
         u_l = unit_roundoff(logit_dtype)

@@ -156,6 +156,17 @@ def same(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> bool:
     return all(x.shape == y.shape and x.dtype == y.dtype and torch.equal(_bits(x), _bits(y)) for x, y in zip(a, b))
 
 
+def same_on_device(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
+    """`same(a, b)` as a 0-d bool tensor left on the device (no sync: a caller comparing many calls reads
+    them all at once), or None where shapes or dtypes differ (known on the host: not the same)."""
+    if len(a) != len(b) or any(x.shape != y.shape or x.dtype != y.dtype for x, y in zip(a, b)):
+        return None
+    flags = [(_bits(x) == _bits(y)).all() for x, y in zip(a, b) if x.numel()]
+    if not flags:
+        return torch.ones((), dtype=torch.bool, device=a[0].device if a else "cpu")
+    return torch.stack(flags).all() if len(flags) > 1 else flags[0]
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     t = t.detach().contiguous()
     if t.dtype == torch.bool:

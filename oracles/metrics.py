@@ -69,21 +69,29 @@ def compare(actual: torch.Tensor, reference: torch.Tensor, *, dtype: torch.dtype
     ulp = (diff / ulp_of(rz, out_dtype)).max() if out_dtype.is_floating_point else zero
     k = min(5, diff.numel())
     top = torch.topk(diff.flatten(), k)
-    scalars = torch.stack([
+    scalars = torch.cat([torch.stack([
         (~both & ~same_nonfinite).sum().to(torch.float64), diff.max(), rz.abs().max(),
         torch.linalg.vector_norm(rz), torch.linalg.vector_norm(diff), torch.linalg.vector_norm(az),
         (az * rz).sum(), ulp,
         ((diff > over) | (~both & ~same_nonfinite)).sum().to(torch.float64) if over is not None else zero,
-    ]).tolist()  # the one host sync
-    mismatch, max_abs, ref_max, rnorm, dnorm, anorm, dot, max_ulp, n_over = scalars
+    ]), top.values, top.indices.to(torch.float64)]).tolist()  # the one host sync (indices < 2^53: exact)
+    mismatch, max_abs, ref_max, rnorm, dnorm, anorm, dot, max_ulp, n_over = scalars[:9]
+    values, indices = scalars[9:9 + k], scalars[9 + k:]
     rel_fro = dnorm / rnorm if rnorm > 0 else (0.0 if dnorm == 0 else math.inf)
     cosine = dot / (anorm * rnorm) if anorm > 0 and rnorm > 0 else float(anorm == rnorm)
     worst: tuple[tuple[int, ...], ...] = ()
     if max_abs > 0:
-        values, indices = top.values.tolist(), top.indices.cpu()
-        worst = tuple(tuple(int(i) for i in torch.unravel_index(j, diff.shape))
-                      for v, j in zip(values, indices) if v > 0)
+        worst = tuple(_unravel(int(j), tuple(diff.shape)) for v, j in zip(values, indices) if v > 0)
     return Metrics(max_abs, rel_fro, max_ulp, cosine, int(mismatch), ref_max, worst, int(n_over), diff.numel())
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """torch.unravel_index for one index, on the host."""
+    out = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size) if size else (flat, 0)
+        out.append(i)
+    return tuple(reversed(out))
 
 
 def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor) -> str:

@@ -9,7 +9,7 @@ State the kernel mutates in place (prefix, bank) comes back as new tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -30,11 +30,16 @@ def mix(sources: torch.Tensor, q: torch.Tensor, eps: float) -> torch.Tensor:
     sources: [T, S, H]; q: [H] (= norm_weight * qk_weight). Returns [T, H]:
     sum_j softmax_j(dot(v_j, q) * rsqrt(mean(v_j^2) + eps)) v_j.
     """
+    return _mix(sources, q, eps)[0]
+
+
+def _mix(sources: torch.Tensor, q: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the mixture [T, H], mean(v^2) of every source [T, S]): `mix`, with the mean squares it reads."""
     h = sources.shape[-1]
     ms = torch.linalg.vector_norm(sources, dim=-1).square_().div_(h)  # mean(v^2) without a [T, S, H] temporary
     logits = (sources @ q) * torch.rsqrt(ms + eps)  # [T, S]
     alpha = torch.softmax(logits, dim=-1)  # [T, S]
-    return torch.einsum("ts,tsh->th", alpha, sources)
+    return torch.einsum("ts,tsh->th", alpha, sources), ms
 
 
 def attn_res(
@@ -61,7 +66,50 @@ def attn_res(
     is what production stores back into prefix) or prefix; bank row
     block_write_idx := p; sources blocks[:, :num_blocks] then p; the mixture,
     then the output RMSNorm when output_norm_weight is given.
+    The inputs are never written. new_blocks is `blocks` itself when nothing is
+    written (block_write_idx == -1: the bank is unchanged, and a copy of it would be
+    most of the call's memory traffic); every other result is a new tensor.
     """
+    return attn_res_with_sources(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks,
+                                 block_write_idx, eps, output_norm_eps,
+                                 prefix_storage_dtype=prefix_storage_dtype)[:3]
+
+
+class AttnResParts(NamedTuple):
+    """Everything one attn_res call computes: its three results, the sources it mixed
+    [T, num_blocks + 1, H] (new_blocks[:, :num_blocks], then new_prefix) and the mixture before the
+    output norm [T, H] (`output` itself when there is no output norm)."""
+
+    output: torch.Tensor
+    new_prefix: torch.Tensor
+    new_blocks: torch.Tensor
+    sources: torch.Tensor
+    mixture: torch.Tensor
+
+
+def attn_res_with_sources(
+    prefix: torch.Tensor,
+    delta: torch.Tensor | None,
+    blocks: torch.Tensor,
+    norm_weight: torch.Tensor,
+    qk_weight: torch.Tensor,
+    output_norm_weight: torch.Tensor | None,
+    num_blocks: int,
+    block_write_idx: int,
+    eps: float,
+    output_norm_eps: float,
+    *,
+    prefix_storage_dtype: torch.dtype | None = None,
+) -> AttnResParts:
+    """`attn_res` with the parts a budget reads (AttnResParts: the sources and the pre-norm mixture; the
+    judges take them instead of stacking the sources again and mixing twice).
+
+    Validation: shapes and arguments before any arithmetic; finiteness of every input resolved with
+    one device sync at the end, read off what the call computes where that is exact: a NaN or Inf in
+    a mixed source (prefix, delta and the mixed bank rows) makes its mean square non-finite, and an
+    overflowing mean square of finite sources is rechecked on the inputs and passes; the bank rows
+    not mixed and the weights are checked directly. The error, when one is raised, is the input
+    check's (the first non-finite input, in argument order)."""
     checks.float64("prefix", prefix, (None, None), finite=False)
     t, h = prefix.shape
     if delta is not None:
@@ -77,7 +125,6 @@ def attn_res(
         qk_weight=qk_weight, output_norm_weight=output_norm_weight,
     )
     checks.same_device(**tensors)
-    checks.all_finite(**tensors)
     if not isinstance(num_blocks, int) or not 0 <= num_blocks <= bank:
         raise ValueError(f"num_blocks: expected an int in [0, {bank}] (the bank size), got {num_blocks!r}")
     if not isinstance(block_write_idx, int) or not -1 <= block_write_idx < bank:
@@ -85,24 +132,40 @@ def attn_res(
     eps = checks.positive_float("eps", eps)
     output_norm_eps = checks.nonnegative_float("output_norm_eps", output_norm_eps)
 
+    def exact() -> None:
+        checks.all_finite(**tensors)
+
     if delta is None:
         p = prefix
     else:
         p = prefix + delta
         if prefix_storage_dtype is not None:
             p = p.to(prefix_storage_dtype).to(torch.float64)
-    new_prefix = p.clone()
-    new_blocks = blocks.clone()
+    new_prefix = p.clone() if p is prefix else p
+    new_blocks = blocks
     if block_write_idx >= 0:
+        new_blocks = blocks.clone()
         new_blocks[:, block_write_idx] = p
+    deferred = checks.Deferred()
     if num_blocks == 0:
         mixed = p.clone()
+        sources = p.unsqueeze(1)
+        deferred.finite(**tensors)
     else:
         sources = torch.cat([new_blocks[:, :num_blocks], p.unsqueeze(1)], dim=1)  # [T, S, H]
-        mixed = mix(sources, norm_weight * qk_weight, eps)
-    if output_norm_weight is not None:
-        mixed = rmsnorm.normalize(mixed, output_norm_weight, output_norm_eps)
-    return mixed, new_prefix, new_blocks
+        mixed, ms = _mix(sources, norm_weight * qk_weight, eps)
+        deferred.suspect(torch.isfinite(ms).all(), exact)  # prefix, delta, the mixed bank rows
+        if 0 <= block_write_idx < num_blocks:  # the written row's old value is not mixed
+            unmixed = blocks
+        else:
+            unmixed = blocks[:, num_blocks:]
+        weights = [w for w in (norm_weight, qk_weight, output_norm_weight) if w is not None]
+        deferred.suspect(torch.isfinite(torch.stack(torch.aminmax(torch.stack(weights)))).all(), exact)
+        if unmixed.numel():
+            deferred.suspect(torch.isfinite(torch.stack(torch.aminmax(unmixed))).all(), exact)
+    out = mixed if output_norm_weight is None else rmsnorm.normalize(mixed, output_norm_weight, output_norm_eps)
+    deferred.raise_first()
+    return AttnResParts(out, new_prefix, new_blocks, sources, mixed)
 
 
 @dataclass(frozen=True)

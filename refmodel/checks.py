@@ -96,11 +96,20 @@ class Deferred:
     def __init__(self) -> None:
         self._flags: list[torch.Tensor] = []
         self._messages: list[Callable[[], str]] = []
+        self._rechecks: list[Callable[[], None] | None] = []
 
     def require(self, ok: torch.Tensor, message: Callable[[], str]) -> None:
         """Queue a 0-d bool tensor that must be True; message() builds the error text."""
         self._flags.append(ok.reshape(()))
         self._messages.append(message)
+        self._rechecks.append(None)
+
+    def suspect(self, ok: torch.Tensor, recheck: Callable[[], None]) -> None:
+        """Queue a cheap 0-d bool that is True whenever the exact check would pass (it may be False when
+        that check passes too); where it is False, recheck() runs the exact check, which raises or returns."""
+        self._flags.append(ok.reshape(()))
+        self._messages.append(lambda: "")
+        self._rechecks.append(recheck)
 
     def finite(self, **tensors: torch.Tensor | None) -> None:
         """Queue NaN/Inf checks of float tensors (aminmax: one pass, NaN propagates)."""
@@ -114,9 +123,12 @@ class Deferred:
         if not self._flags:
             return
         oks = torch.stack([f.to(self._flags[0].device) for f in self._flags]).tolist()  # the one sync
-        for ok, message in zip(oks, self._messages):
-            if not ok:
+        for ok, message, recheck in zip(oks, self._messages, self._rechecks):
+            if ok:
+                continue
+            if recheck is None:
                 raise ValueError(message())
+            recheck()
 
 
 def _nonfinite_message(name: str, t: torch.Tensor) -> Callable[[], str]:

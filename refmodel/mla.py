@@ -11,6 +11,11 @@ PR) runs each layer's full fused_qkv_a_proj and discards the Q columns.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from k3num.refmodel import checks, rmsnorm
@@ -24,13 +29,20 @@ def _norm_rope(
     positions: torch.Tensor,
     spec: RopeSpec,
     eps: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """all_kv: [L, N, kv_lora + rope] -> (kv_c [L, N, kv_lora], k_pe [L, N, rope])."""
+    cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """all_kv: [L, N, kv_lora + rope] -> (kv_c [L, N, kv_lora], k_pe [L, N, rope], entries [L, N, kv_lora + rope]).
+    cos_sin: rope.cos_sin(positions, spec) when already computed.
+
+    Both results are written into one new buffer, `entries` = [kv_c | k_pe] per token (what the cache
+    write stores), and returned as views of it: no concatenation pass, the same values."""
     kv_lora = kv_norm_weight.shape[1]
-    kv_c = rmsnorm.normalize(all_kv[..., :kv_lora], kv_norm_weight.unsqueeze(1), eps)
-    k_pe = all_kv[..., kv_lora:].transpose(0, 1)  # [N, L, rope]: positions shared by layers
-    k_pe = rope_ops.rotate(k_pe, positions, spec).transpose(0, 1)  # [L, N, rope]
-    return kv_c, k_pe
+    entries = torch.empty(all_kv.shape, dtype=all_kv.dtype, device=all_kv.device)
+    kv_c = rmsnorm.normalize(all_kv[..., :kv_lora], kv_norm_weight.unsqueeze(1), eps, out=entries[..., :kv_lora])
+    # [N, L, rope]: positions shared by layers
+    k_pe = rope_ops.rotate(all_kv[..., kv_lora:].transpose(0, 1), positions, spec,
+                           out=entries[..., kv_lora:].transpose(0, 1), cs=cos_sin).transpose(0, 1)
+    return kv_c, k_pe, entries
 
 
 def _check_common(
@@ -64,14 +76,26 @@ def _check_common(
 
 def _queue_value_checks(
     context_states: torch.Tensor, weight: torch.Tensor, kv_norm_weight: torch.Tensor, positions: torch.Tensor,
-    weight_name: str,
+    weight_name: str, entries: torch.Tensor | None = None, positions_ok: torch.Tensor | None = None,
 ) -> checks.Deferred:
     """Finiteness and position checks, queued AFTER the GEMM is launched so that on a GPU
-    their launches overlap it; resolved by deferred.raise_first() before any result returns."""
+    their launches overlap it; resolved by deferred.raise_first() before any result returns.
+
+    With `entries` (the path's [L, N, kv_lora + rope] results, N > 0 and H > 0), the inputs' finiteness
+    is read off the results: a NaN or Inf in context_states, the weight or kv_norm_weight reaches
+    every output of its row or column (IEEE: Inf * 0 and Inf - Inf are NaN, and no product or sum
+    turns a NaN or Inf finite; the norm's rsqrt of an Inf mean square is 0, and 0 * Inf is NaN;
+    RoPE's products of an Inf are Inf or NaN), so one reduction of the results replaces three over
+    the inputs. A non-finite result whose inputs are finite (an overflow) is rechecked on the inputs
+    and passes, as before: the verdict and its message are the input check's."""
     deferred = checks.Deferred()
-    deferred.finite(context_states=context_states, **{weight_name: weight}, kv_norm_weight=kv_norm_weight)
+    tensors = {"context_states": context_states, weight_name: weight, "kv_norm_weight": kv_norm_weight}
+    if entries is not None and entries.numel() and context_states.shape[1]:
+        deferred.suspect(torch.isfinite(entries.sum()), lambda: checks.all_finite(**tensors))
+    else:
+        deferred.finite(**tensors)
     if positions.numel():
-        deferred.require(positions.min() >= 0,
+        deferred.require(positions.min() >= 0 if positions_ok is None else positions_ok,
                          lambda: f"positions: expected values >= 0, got min {int(positions.min())}")
     return deferred
 
@@ -91,9 +115,10 @@ def context_kv(
     Returns kv_c [L, N, kv_lora] (normed) and k_pe [L, N, rope] (rotated).
     """
     _check_common(context_states, kv_a_weight, kv_norm_weight, positions, rope, eps, "kv_a_weight")
-    out = _fused(context_states, kv_a_weight, kv_norm_weight, positions, rope, eps)
-    _queue_value_checks(context_states, kv_a_weight, kv_norm_weight, positions, "kv_a_weight").raise_first()
-    return out
+    kv_c, k_pe, entries = _fused(context_states, kv_a_weight, kv_norm_weight, positions, rope, eps)
+    _queue_value_checks(context_states, kv_a_weight, kv_norm_weight, positions, "kv_a_weight",
+                        entries).raise_first()
+    return kv_c, k_pe
 
 
 def _fused(
@@ -103,12 +128,17 @@ def _fused(
     positions: torch.Tensor,
     rope: RopeSpec,
     eps: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(kv_c, k_pe, entries): see _norm_rope."""
+    return _norm_rope(_gemm(context_states, kv_a_weight), kv_norm_weight, positions, rope, eps)
+
+
+def _gemm(context_states: torch.Tensor, kv_a_weight: torch.Tensor) -> torch.Tensor:
+    """The one GEMM of the fused path: [N, H] x [L, W, H] -> all_kv [L, N, W] (a layer-major view)."""
     n = context_states.shape[0]
     num_layers, width = kv_a_weight.shape[0], kv_a_weight.shape[1]
     merged = kv_a_weight.reshape(num_layers * width, -1)  # rows [W*l, W*(l+1)) = layer l
-    all_kv = (context_states @ merged.T).view(n, num_layers, width).transpose(0, 1)  # [L, N, W]
-    return _norm_rope(all_kv, kv_norm_weight, positions, rope, eps)
+    return (context_states @ merged.T).view(n, num_layers, width).transpose(0, 1)  # [L, N, W]
 
 
 def context_kv_unfused(
@@ -144,10 +174,10 @@ def context_kv_unfused(
         full = context_states @ fused_qkv_a_weight[layer].T  # [N, q_lora + kv_lora + rope]
         per_layer.append(full[:, q_lora:])  # Q computed, then discarded
     all_kv = torch.stack(per_layer)  # [L, N, kv_lora + rope]
-    out = _norm_rope(all_kv, kv_norm_weight, positions, rope, eps)
+    kv_c, k_pe, _ = _norm_rope(all_kv, kv_norm_weight, positions, rope, eps)
     _queue_value_checks(context_states, fused_qkv_a_weight, kv_norm_weight, positions,
                         "fused_qkv_a_weight").raise_first()
-    return out
+    return kv_c, k_pe
 
 
 def write_mla_cache(
@@ -172,7 +202,7 @@ def write_mla_cache(
     checks.same_device(caches=caches, kv_c=kv_c, k_pe=k_pe, slot_mapping=slot_mapping)
     deferred = checks.Deferred()
     deferred.finite(kv_c=kv_c, k_pe=k_pe)
-    out = _write(caches, kv_c, k_pe, slots, deferred)
+    out = _write(caches, torch.cat([kv_c, k_pe], dim=-1), slots, deferred)
     deferred.raise_first()
     return out
 
@@ -203,11 +233,37 @@ def precompute_context_kv(
     if caches is not None and slot_mapping is not None:
         slots = _check_write(caches, num_layers, n, width, slot_mapping)
         checks.same_device(context_states=context_states, caches=caches, slot_mapping=slot_mapping)
-    kv_c, k_pe = _fused(context_states, kv_a_weight, kv_norm_weight, positions, rope, eps)
-    deferred = _queue_value_checks(context_states, kv_a_weight, kv_norm_weight, positions, "kv_a_weight")
-    new_caches = None if caches is None or slots is None else _write(caches, kv_c, k_pe, slots, deferred)
+    # On a GPU, the work that does not read the GEMM's result (RoPE's angles, the position check, the
+    # cache copy and the slot rows with their checks) runs on a side stream while the GEMM runs; the
+    # norm, the rotation and the write wait for both. The same operations in the same order on each
+    # tensor: the same values as on one stream (and as on the CPU, where it is one stream).
+    main = torch.cuda.current_stream(context_states.device) if context_states.is_cuda else None
+    side = _side_stream(context_states.device) if main is not None else None
+    if side is not None and main is not None:
+        side.wait_stream(main)  # the inputs as the caller left them; recorded before the GEMM is queued
+    all_kv = _gemm(context_states, kv_a_weight)
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        cos_sin = rope_ops.cos_sin(positions, rope)
+        positions_ok = positions.min() >= 0 if positions.numel() else None
+        plan = None if caches is None or slots is None else _write_plan(caches, slots)
+    if side is not None and main is not None:
+        main.wait_stream(side)
+        if plan is not None:
+            plan.ext.record_stream(main)  # returned: its memory is used on the caller's stream from here
+    kv_c, k_pe, entries = _norm_rope(all_kv, kv_norm_weight, positions, rope, eps, cos_sin)
+    deferred = _queue_value_checks(context_states, kv_a_weight, kv_norm_weight, positions, "kv_a_weight", entries,
+                                   positions_ok)
+    new_caches = None
+    if plan is not None:
+        plan.queue(deferred)
+        new_caches = plan.write(entries)
     deferred.raise_first()
     return kv_c, k_pe, new_caches
+
+
+@functools.lru_cache(maxsize=16)
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device=device)
 
 
 def _check_write(
@@ -222,29 +278,65 @@ def _check_write(
     return slot_mapping
 
 
-def _write(
-    caches: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, slots: torch.Tensor, deferred: checks.Deferred
-) -> torch.Tensor:
+def _write(caches: torch.Tensor, entries: torch.Tensor, slots: torch.Tensor, deferred: checks.Deferred) -> torch.Tensor:
+    """New caches with entries [L, N, width] ([kv_c | k_pe] per token) at slots [L, N]; the range and
+    repeated-slot checks are queued on `deferred` (no sync)."""
+    plan = _write_plan(caches, slots)
+    plan.queue(deferred)
+    return plan.write(entries)
+
+
+@dataclass
+class _WritePlan:
+    """A cache write before its entries exist: the new caches (a copy of the old, plus one spare row
+    that absorbs skipped and out-of-range slots, so the write needs no sync), the flat row of every
+    (layer, token), and the range and repeated-slot flags."""
+
+    ext: torch.Tensor  # [L * capacity + 1, width]
+    out: torch.Tensor  # ext without the spare row, in the caches' shape
+    rows: torch.Tensor | None  # [L * N], None when there are no slots
+    checks: list[tuple[torch.Tensor, Callable[[], str]]]
+
+    def queue(self, deferred: checks.Deferred) -> None:
+        for ok, message in self.checks:
+            deferred.require(ok, message)
+
+    def write(self, entries: torch.Tensor) -> torch.Tensor:
+        if self.rows is not None:
+            self.ext.index_copy_(0, self.rows, entries.reshape(-1, self.ext.shape[1]))  # row l * N + t
+        return self.out
+
+
+def _write_plan(caches: torch.Tensor, slots: torch.Tensor) -> _WritePlan:
     num_layers, num_blocks, block_size, width = caches.shape
     capacity = num_blocks * block_size
-    # one spare row past the layers' pages absorbs skipped (< 0) and out-of-range slots,
-    # so the write needs no sync; the spare row is cut off before returning
     spare = num_layers * capacity
     ext = torch.empty(spare + 1, width, dtype=caches.dtype, device=caches.device)
     ext[:spare].copy_(caches.view(spare, width))
     out = ext[:spare].view(caches.shape)
     if slots.numel() == 0:
-        return out
+        return _WritePlan(ext, out, None, [])
     s64 = slots.to(torch.int64)
-    deferred.require(s64.max() < capacity, lambda: (
-        f"slot_mapping: expected slots < {capacity} (num_blocks * block_size), got {int(s64.max())}"))
-    layer_base = capacity * torch.arange(num_layers, device=s64.device)[:, None]
-    rows = torch.where((s64 >= 0) & (s64 < capacity), s64 + layer_base, spare).flatten()  # layer l, slot s
-    ordered = rows.sort().values
-    repeated = (ordered[1:] == ordered[:-1]) & (ordered[1:] < spare)
-    deferred.require(~repeated.any(), lambda: (
-        f"slot_mapping: layer {int(ordered[1:][repeated][0]) // capacity} uses a slot more than once"))
+    below = s64 < capacity
     # row l * capacity + s of the flat view = layer l, block s // block_size, offset s % block_size
-    entries = torch.cat([kv_c, k_pe], dim=-1).view(-1, width)  # row l * N + t = layer l, token t
-    ext.index_copy_(0, rows, entries)
-    return out
+    rows = torch.where((s64 >= 0) & below, s64 + _layer_base(num_layers, capacity, s64.device), spare).flatten()
+    # a slot used twice in a layer: its row is hit more than once (the spare row takes every skip)
+    hits = torch.zeros(spare + 1, dtype=torch.int32, device=rows.device)
+    hits.index_add_(0, rows, _ones_int32(rows.device).expand(rows.numel()))
+    return _WritePlan(ext, out, rows, [
+        (below.all(), lambda: (
+            f"slot_mapping: expected slots < {capacity} (num_blocks * block_size), got {int(s64.max())}")),
+        ((hits[:spare] <= 1).all(), lambda: (
+            f"slot_mapping: layer {int((hits[:spare] > 1).nonzero()[0, 0]) // capacity} uses a slot more than once")),
+    ])
+
+
+@functools.lru_cache(maxsize=64)
+def _layer_base(num_layers: int, capacity: int, device: torch.device) -> torch.Tensor:
+    """[L, 1]: the first flat cache row of each layer (cached per shape and device: read-only)."""
+    return capacity * torch.arange(num_layers, device=device)[:, None]
+
+
+@functools.lru_cache(maxsize=8)
+def _ones_int32(device: torch.device) -> torch.Tensor:
+    return torch.ones(1, dtype=torch.int32, device=device)

@@ -39,8 +39,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return normalize(x, w, eps)
 
 
-def normalize(x: torch.Tensor, weight: torch.Tensor, eps: float | torch.Tensor) -> torch.Tensor:
-    """The unchecked kernel: weight (and a tensor eps) already broadcastable to x ([D] or [G, 1, D])."""
+def normalize(x: torch.Tensor, weight: torch.Tensor, eps: float | torch.Tensor,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """The unchecked kernel: weight (and a tensor eps) already broadcastable to x ([D] or [G, 1, D]).
+    `out` (x's shape, any strides): written and returned instead of a new tensor; the same values."""
     d = x.shape[-1]
     ms = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(d)  # mean(x^2), one read of x
-    return (x * ms.add_(eps).rsqrt_()).mul_(weight)
+    return torch.mul(x, ms.add_(eps).rsqrt_(), out=out).mul_(weight)

@@ -83,6 +83,8 @@ def cos_sin(positions: torch.Tensor, spec: RopeSpec) -> tuple[torch.Tensor, torc
     freqs = inv_freq(spec, positions.device)
     angles = positions.to(torch.float64).unsqueeze(-1) * freqs  # [*P, d/2]
     scale = attention_scaling(spec)
+    if scale == 1.0:  # x * 1.0 is x: two passes saved, the same values
+        return torch.cos(angles), torch.sin(angles)
     return torch.cos(angles) * scale, torch.sin(angles) * scale
 
 
@@ -115,17 +117,26 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, spec: RopeSpec) -> torc
     return rotate(x, positions, spec)
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, spec: RopeSpec) -> torch.Tensor:
-    """The unchecked kernel of `apply_rope` (same shapes, no validation)."""
+def rotate(x: torch.Tensor, positions: torch.Tensor, spec: RopeSpec, out: torch.Tensor | None = None,
+           cs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """The unchecked kernel of `apply_rope` (same shapes, no validation). `out` (x's shape, any strides,
+    not overlapping x): written and returned instead of a new tensor; the same values. `cs`: this
+    module's cos_sin(positions, spec), when the caller already has it."""
     n, d = x.shape[0], spec.rotary_dim
-    c, s = cos_sin(positions, spec)  # [N, d/2]
+    c, s = cos_sin(positions, spec) if cs is None else cs  # [N, d/2]
     view = (n,) + (1,) * (x.dim() - 2) + (d // 2,)
     c, s = c.view(view), s.view(view)
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rot, rest = x[..., :d], x[..., d:]
     if spec.style == "gptj":
         a, b = rot[..., 0::2], rot[..., 1::2]  # pairs (2i, 2i+1)
-        out = torch.stack([a * c - b * s, b * c + a * s], dim=-1).flatten(-2)
+        first, second = out[..., 0:d:2], out[..., 1:d:2]
     else:
         a, b = rot[..., : d // 2], rot[..., d // 2 :]  # pairs (i, i + d/2)
-        out = torch.cat([a * c - b * s, b * c + a * s], dim=-1)
-    return out if rest.shape[-1] == 0 else torch.cat([out, rest], dim=-1)
+        first, second = out[..., : d // 2], out[..., d // 2 : d]
+    torch.sub(a * c, b * s, out=first)
+    torch.add(b * c, a * s, out=second)
+    if rest.shape[-1]:
+        out[..., d:].copy_(rest)
+    return out

@@ -9,7 +9,14 @@
 #   and carry engine-cache/ without its wheels/ folder (about 0.5 MB).
 # Usage: scripts/device_session.sh OUT [PARTS]
 #   PARTS: comma-separated, any of ops,bench,race,k3,small,hunt,sanitize,golden,k3det,scale,stores,isolation,csrc,check,
-#   checkops
+#   checkops,ts,oracle,profile,derand
+#   `oracle` times the float64 oracles at K3 shapes against the fp64 GEMM and the copy rate (bench/oracle_throughput.py,
+#   K3NUM_ORACLE_REPS, K3NUM_ORACLE_ONLY, K3NUM_ORACLE_PROFILE=1 for the profiler's tables in OUT/oracle-profile.txt);
+#   with K3NUM_ORACLE_BITS_ROOT=TREE (another checkout's root) it also compares the oracle's and the judges' values
+#   with TREE's, bit for bit, on this GPU (scripts/oracle_bits.py).
+#   `profile` runs bench/suite_profile.py --examples K3NUM_PROFILE_EXAMPLES (100): examples/s and the phase shares.
+#   `derand` runs the K3-shape suite derandomized (K3NUM_DERAND_PROFILE, default ci) and, with
+#   K3NUM_DERAND_BEFORE=CSV, compares its drift CSV with that one record for record (scripts/csv_identity.py).
 #   `ts` runs TokenSpeed on cuda (tokenspeed-kernel's Triton kernels natively; its CUDA rope.so through tvm_ffi,
 #   installed from engine-cache/runtime-wheels when missing): every property at small shapes (K3NUM_TS_SMALL_PROFILE,
 #   default ci) and the K3-shape ones (K3NUM_TS_K3_PROFILE, default nightly-1k), timed, to OUT/ts-*.csv.
@@ -65,8 +72,8 @@ out=${1:?usage: scripts/device_session.sh OUT [PARTS]}
 parts=",${2:-bench,race,k3,small},"
 want() { [[ "$parts" == *",$1,"* ]]; }
 for p in ${parts//,/ }; do
-    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts) ;;
-        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts)"
+    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts|oracle|profile|derand) ;;
+        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts, oracle, profile, derand)"
            exit 2;; esac
 done
 mkdir -p "$out"
@@ -86,7 +93,38 @@ small_engines=${K3NUM_SMALL_ENGINES:-vllm vllm-rocm sglang tokenspeed}
 for e in vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
-bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0
+bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0
+if want oracle; then
+    echo "== the float64 oracles at K3 shapes against the plain fp64 GEMM and the copy rate (bench/oracle_throughput.py)"
+    python bench/oracle_throughput.py --tokens 1024,8192 --reps "${K3NUM_ORACLE_REPS:-20}" \
+        --only "${K3NUM_ORACLE_ONLY:-precompute,attn_res}" --csv "$out/oracle.csv" \
+        ${K3NUM_ORACLE_PROFILE:+--profile} 2> "$out/oracle-profile.txt" | tee "$out/oracle.md"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || oracle=1
+    if [ -n "${K3NUM_ORACLE_BITS_ROOT:-}" ]; then  # the oracle's values against another tree's, on this GPU
+        python scripts/oracle_bits.py save "$out/bits-before.pt" --device cuda --root "$K3NUM_ORACLE_BITS_ROOT" \
+            && python scripts/oracle_bits.py save "$out/bits-after.pt" --device cuda \
+            && python scripts/oracle_bits.py compare "$out/bits-before.pt" "$out/bits-after.pt" | tee -a "$out/oracle.md"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || oracle=1
+        rm -f "$out"/bits-*.pt
+    fi
+fi
+if want profile; then
+    echo "== where a K3-shape property's time goes (bench/suite_profile.py --examples ${K3NUM_PROFILE_EXAMPLES:-100})"
+    python bench/suite_profile.py --examples "${K3NUM_PROFILE_EXAMPLES:-100}" --csv "$out/suite-profile.csv" \
+        2> "$out/suite-profile.err" | tee "$out/suite-profile.md"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || profile=1
+fi
+if want derand; then
+    echo "== the K3-shape suite derandomized (${K3NUM_DERAND_PROFILE:-ci}), its drift CSV against K3NUM_DERAND_BEFORE"
+    K3NUM_PROFILE=${K3NUM_DERAND_PROFILE:-ci} K3NUM_SUITE="properties -m gpu" K3NUM_ENGINES=$k3_engines \
+        bash scripts/gpu_nightly.sh "$out/derand" > "$out/derand.log" 2>&1 || derand=1
+    tail -n 3 "$out/derand.log"
+    cp "$out/derand/drift.csv" "$out/derand.csv" 2>/dev/null
+    if [ -n "${K3NUM_DERAND_BEFORE:-}" ]; then
+        python scripts/csv_identity.py "$K3NUM_DERAND_BEFORE" "$out/derand.csv" --exclude-ledger | tee "$out/derand.txt"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || derand=1
+    fi
+fi
 if want ts; then
     echo "== TokenSpeed on cuda: tokenspeed-kernel's Triton kernels natively, rope.so where it loads, the AttnRes stack"
     tag=$(python -c 'import sys; print(f"cp{sys.version_info.major}{sys.version_info.minor}")')
@@ -324,5 +362,5 @@ if [ -n "$k3_pid" ]; then wait "$k3_pid"; k3=$?; cat "$out/k3.log"; fi
 if [ -n "$small_pid" ]; then wait "$small_pid"; small=$?; cat "$out/small.log"; fi
 dirs=(); for d in k3 small; do [ -d "$out/$d" ] && dirs+=("$d"); done
 [ ${#dirs[@]} -gt 0 ] && tar czf "$out/properties.tgz" -C "$out" "${dirs[@]}"
-echo "device_session: ts exit $ts, checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
-[ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]
+echo "device_session: oracle exit $oracle, profile exit $profile, derand exit $derand, ts exit $ts, checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
+[ "$oracle" -eq 0 ] && [ "$profile" -eq 0 ] && [ "$derand" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]

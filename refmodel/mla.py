@@ -11,7 +11,6 @@ PR) runs each layer's full fused_qkv_a_proj and discards the Q columns.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,23 +113,21 @@ def context_kv(
     kv_a_proj_with_mqa); kv_norm_weight: [L, kv_lora]; positions: [N] int.
     Returns kv_c [L, N, kv_lora] (normed) and k_pe [L, N, rope] (rotated).
     """
+    all_kv = _checked_gemm(context_states, kv_a_weight)
     _check_common(context_states, kv_a_weight, kv_norm_weight, positions, rope, eps, "kv_a_weight")
-    kv_c, k_pe, entries = _fused(context_states, kv_a_weight, kv_norm_weight, positions, rope, eps)
+    kv_c, k_pe, entries = _norm_rope(all_kv, kv_norm_weight, positions, rope, eps)
     _queue_value_checks(context_states, kv_a_weight, kv_norm_weight, positions, "kv_a_weight",
                         entries).raise_first()
     return kv_c, k_pe
 
 
-def _fused(
-    context_states: torch.Tensor,
-    kv_a_weight: torch.Tensor,
-    kv_norm_weight: torch.Tensor,
-    positions: torch.Tensor,
-    rope: RopeSpec,
-    eps: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(kv_c, k_pe, entries): see _norm_rope."""
-    return _norm_rope(_gemm(context_states, kv_a_weight), kv_norm_weight, positions, rope, eps)
+def _checked_gemm(context_states: torch.Tensor, kv_a_weight: torch.Tensor) -> torch.Tensor:
+    """`_gemm`, queued as soon as its two operands are known good: a GPU would otherwise idle through
+    the host's other checks, which follow it (host-only: they raise before any result is returned)."""
+    checks.float64("context_states", context_states, (None, None), finite=False)
+    checks.float64("kv_a_weight", kv_a_weight, (None, None, context_states.shape[1]), finite=False)
+    checks.same_device(context_states=context_states, kv_a_weight=kv_a_weight)
+    return _gemm(context_states, kv_a_weight)
 
 
 def _gemm(context_states: torch.Tensor, kv_a_weight: torch.Tensor) -> torch.Tensor:
@@ -223,6 +220,7 @@ def precompute_context_kv(
     caches; slot_mapping None computes only (new caches None). Validation is
     resolved with one device sync at the end. Returns (kv_c, k_pe, new_caches).
     """
+    all_kv = _checked_gemm(context_states, kv_a_weight)
     n, num_layers, kv_lora = _check_common(
         context_states, kv_a_weight, kv_norm_weight, positions, rope, eps, "kv_a_weight"
     )
@@ -233,37 +231,11 @@ def precompute_context_kv(
     if caches is not None and slot_mapping is not None:
         slots = _check_write(caches, num_layers, n, width, slot_mapping)
         checks.same_device(context_states=context_states, caches=caches, slot_mapping=slot_mapping)
-    # On a GPU, the work that does not read the GEMM's result (RoPE's angles, the position check, the
-    # cache copy and the slot rows with their checks) runs on a side stream while the GEMM runs; the
-    # norm, the rotation and the write wait for both. The same operations in the same order on each
-    # tensor: the same values as on one stream (and as on the CPU, where it is one stream).
-    main = torch.cuda.current_stream(context_states.device) if context_states.is_cuda else None
-    side = _side_stream(context_states.device) if main is not None else None
-    if side is not None and main is not None:
-        side.wait_stream(main)  # the inputs as the caller left them; recorded before the GEMM is queued
-    all_kv = _gemm(context_states, kv_a_weight)
-    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        cos_sin = rope_ops.cos_sin(positions, rope)
-        positions_ok = positions.min() >= 0 if positions.numel() else None
-        plan = None if caches is None or slots is None else _write_plan(caches, slots)
-    if side is not None and main is not None:
-        main.wait_stream(side)
-        if plan is not None:
-            plan.ext.record_stream(main)  # returned: its memory is used on the caller's stream from here
-    kv_c, k_pe, entries = _norm_rope(all_kv, kv_norm_weight, positions, rope, eps, cos_sin)
-    deferred = _queue_value_checks(context_states, kv_a_weight, kv_norm_weight, positions, "kv_a_weight", entries,
-                                   positions_ok)
-    new_caches = None
-    if plan is not None:
-        plan.queue(deferred)
-        new_caches = plan.write(entries)
+    kv_c, k_pe, entries = _norm_rope(all_kv, kv_norm_weight, positions, rope, eps)
+    deferred = _queue_value_checks(context_states, kv_a_weight, kv_norm_weight, positions, "kv_a_weight", entries)
+    new_caches = None if caches is None or slots is None else _write(caches, entries, slots, deferred)
     deferred.raise_first()
     return kv_c, k_pe, new_caches
-
-
-@functools.lru_cache(maxsize=16)
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    return torch.cuda.Stream(device=device)
 
 
 def _check_write(

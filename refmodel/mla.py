@@ -267,10 +267,10 @@ class _WritePlan:
     ext: torch.Tensor  # [L * capacity + 1, width]
     out: torch.Tensor  # ext without the spare row, in the caches' shape
     rows: torch.Tensor | None  # [L * N], None when there are no slots
-    checks: list[tuple[torch.Tensor, Callable[[], str]]]
+    flags: list[tuple[torch.Tensor, Callable[[], str]]]
 
     def queue(self, deferred: checks.Deferred) -> None:
-        for ok, message in self.checks:
+        for ok, message in self.flags:
             deferred.require(ok, message)
 
     def write(self, entries: torch.Tensor) -> torch.Tensor:

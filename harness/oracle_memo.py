@@ -33,6 +33,7 @@ import torch
 # every one is read through its module at call time, so replacing the module's attribute reaches them.
 ORACLES: tuple[tuple[str, str], ...] = (
     ("k3num.refmodel.attn_res", "attn_res"),
+    ("k3num.refmodel.attn_res", "attn_res_with_sources"),
     ("k3num.refmodel.attn_res", "capture_aux_stream"),
     ("k3num.refmodel.mla", "context_kv"),
     ("k3num.refmodel.partial_projection", "project_context"),

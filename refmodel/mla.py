@@ -28,10 +28,8 @@ def _norm_rope(
     positions: torch.Tensor,
     spec: RopeSpec,
     eps: float,
-    cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """all_kv: [L, N, kv_lora + rope] -> (kv_c [L, N, kv_lora], k_pe [L, N, rope], entries [L, N, kv_lora + rope]).
-    cos_sin: rope.cos_sin(positions, spec) when already computed.
 
     Both results are written into one new buffer, `entries` = [kv_c | k_pe] per token (what the cache
     write stores), and returned as views of it: no concatenation pass, the same values."""
@@ -40,7 +38,7 @@ def _norm_rope(
     kv_c = rmsnorm.normalize(all_kv[..., :kv_lora], kv_norm_weight.unsqueeze(1), eps, out=entries[..., :kv_lora])
     # [N, L, rope]: positions shared by layers
     k_pe = rope_ops.rotate(all_kv[..., kv_lora:].transpose(0, 1), positions, spec,
-                           out=entries[..., kv_lora:].transpose(0, 1), cs=cos_sin).transpose(0, 1)
+                           out=entries[..., kv_lora:].transpose(0, 1)).transpose(0, 1)
     return kv_c, k_pe, entries
 
 
@@ -75,7 +73,7 @@ def _check_common(
 
 def _queue_value_checks(
     context_states: torch.Tensor, weight: torch.Tensor, kv_norm_weight: torch.Tensor, positions: torch.Tensor,
-    weight_name: str, entries: torch.Tensor | None = None, positions_ok: torch.Tensor | None = None,
+    weight_name: str, entries: torch.Tensor | None = None,
 ) -> checks.Deferred:
     """Finiteness and position checks, queued AFTER the GEMM is launched so that on a GPU
     their launches overlap it; resolved by deferred.raise_first() before any result returns.
@@ -94,7 +92,7 @@ def _queue_value_checks(
     else:
         deferred.finite(**tensors)
     if positions.numel():
-        deferred.require(positions.min() >= 0 if positions_ok is None else positions_ok,
+        deferred.require(positions.min() >= 0,
                          lambda: f"positions: expected values >= 0, got min {int(positions.min())}")
     return deferred
 

@@ -117,13 +117,11 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, spec: RopeSpec) -> torc
     return rotate(x, positions, spec)
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, spec: RopeSpec, out: torch.Tensor | None = None,
-           cs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def rotate(x: torch.Tensor, positions: torch.Tensor, spec: RopeSpec, out: torch.Tensor | None = None) -> torch.Tensor:
     """The unchecked kernel of `apply_rope` (same shapes, no validation). `out` (x's shape, any strides,
-    not overlapping x): written and returned instead of a new tensor; the same values. `cs`: this
-    module's cos_sin(positions, spec), when the caller already has it."""
+    not overlapping x): written and returned instead of a new tensor; the same values."""
     n, d = x.shape[0], spec.rotary_dim
-    c, s = cos_sin(positions, spec) if cs is None else cs  # [N, d/2]
+    c, s = cos_sin(positions, spec)  # [N, d/2]
     view = (n,) + (1,) * (x.dim() - 2) + (d // 2,)
     c, s = c.view(view), s.view(view)
     if out is None:

@@ -82,6 +82,7 @@ DEFAULT_PROFILE = "dev"
 MARKERS = (
     "gpu: needs a CUDA device (skipped with a reason where there is none)",
     "nightly: full K3 shapes; run by the nightly job",
+    "shardable: a costly-example property whose example budget --shards N splits into N tests",
 )
 
 
@@ -181,6 +182,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "DIR/drift.csv at it: a run never overwrites another's (scripts/run_properties.sh's default: out)",
     )
     group.addoption(
+        "--shards",
+        default=None,
+        metavar="N",
+        help="split the example budget of each `shardable` property (the repeat-call hunts) into N tests, each "
+        "max_examples/N rounded up and drawn at random (not under a derandomized profile), so that N xdist "
+        "workers run it side by side "
+        f"(default: ${scaleout.SHARDS_ENV} or 1, which leaves every test and node id as it is)",
+    )
+    group.addoption(
         "--drift-csv",
         default=None,
         metavar="PATH",
@@ -247,6 +257,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
+    _shards(config)  # a bad value fails before collection
     _resolve_drift_dir(config)
 
     from k3num.supply import fetch
@@ -339,6 +350,49 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "engine" in metafunc.fixturenames and _uses_our_engine_fixture(metafunc):
         names = _engine_names(metafunc.config)
         metafunc.parametrize("engine", names, ids=names, indirect=True, scope="session")
+    n = _shards(metafunc.config)
+    if n > 1 and "shard" in metafunc.fixturenames and metafunc.definition.get_closest_marker("shardable"):
+        shards = [scaleout.Shard(i, n) for i in range(n)]
+        metafunc.parametrize("shard", shards, ids=[s.id for s in shards])
+
+
+def _shards(config: pytest.Config) -> int:
+    """--shards, else $K3NUM_SHARDS, else 1; anything but a positive int is a usage error."""
+    raw = config.getoption("--shards")
+    raw = os.environ.get(scaleout.SHARDS_ENV, "1") if raw is None else raw
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise pytest.UsageError(f"--shards / ${scaleout.SHARDS_ENV}: expected a positive int, got {raw!r}")
+    return n
+
+
+@pytest.fixture
+def shard() -> scaleout.Shard:
+    """The part of a `shardable` property's example budget this test runs (all of it without --shards)."""
+    return scaleout.Shard()
+
+
+def _split_budgets(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under --shards N, each shard of a `shardable` property runs max_examples/N (rounded up) examples."""
+    n = _shards(config)
+    if n <= 1:
+        return
+    done: set[int] = set()
+    for item in items:
+        fn = getattr(item, "obj", None)
+        if item.get_closest_marker("shardable") is None or fn is None or id(fn) in done:
+            continue
+        done.add(id(fn))
+        current = getattr(fn, "_hypothesis_internal_use_settings", None) or settings.default
+        if current.derandomize:
+            raise pytest.UsageError(
+                f"--shards {n}: the hypothesis profile is derandomized, so every shard of {item.originalname} "
+                "would draw the same examples; shard under a profile that draws at random (nightly, nightly-1k)")
+        fn._hypothesis_internal_use_settings = settings(  # read by hypothesis when the test runs
+            parent=current, max_examples=scaleout.Shard(0, n).examples(current.max_examples))
 
 
 @pytest.fixture(scope="session")
@@ -593,6 +647,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ours = [item for item in items if _ours(item)]
     if ours and not config.getoption("hypothesis_profile", None):
         settings.load_profile(DEFAULT_PROFILE)
+    _split_budgets(config, ours)
     # on a GPU, a failing example's tensors go when the example ends, not when the test does
     # (harness/isolation.py); --pdb and --showlocals keep them, to be looked at
     if torch.cuda.is_available() and not (config.getoption("usepdb", False) or config.getoption("showlocals", False)):

@@ -8,6 +8,11 @@ The root conftest uses these pure functions:
 - `-n auto` means one worker per visible GPU, times K3NUM_WORKERS_PER_GPU (default 1): the K3-shape
   kernels are small enough that several workers keep one H200 busier than one does.
 
+A property whose examples are costly (the 152-call repeat hunts) can have its example budget split into
+`--shards N` tests (`Shard`), so that N workers run one property's budget side by side. The shards draw
+their examples at random, each its own (a derandomized profile would give every shard the same ones, so
+the plugin refuses it); the explicit @example cases run in every shard.
+
 Workers write their drift records to partial CSVs beside the requested one (`partial_path`); the
 controller merges them into the one CSV when the session ends (harness.plugin.pytest_sessionfinish), so a
 worker that crashed still leaves what it measured.
@@ -16,9 +21,11 @@ worker that crashed still leaves what it measured.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 GPUS_ENV = "K3NUM_GPUS"
+SHARDS_ENV = "K3NUM_SHARDS"
 PER_GPU_ENV = "K3NUM_WORKERS_PER_GPU"
 _WORKER = re.compile(r"^gw(\d+)$")
 
@@ -70,3 +77,23 @@ def partial_paths(csv: str | Path) -> list[Path]:
     p = Path(csv)
     found = p.parent.glob(f"{p.stem}.gw*.part{p.suffix or '.csv'}")
     return sorted(found, key=lambda q: worker_index(q.name[len(p.stem) + 1:].split(".")[0]))
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard `index` of `count` of a property's example budget (0 of 1: the whole of it)."""
+
+    index: int = 0
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.count, int) and self.count >= 1 and 0 <= self.index < self.count):
+            raise ValueError(f"Shard: expected 0 <= index < count, count >= 1; got {self.index} of {self.count}")
+
+    def examples(self, max_examples: int) -> int:
+        """This shard's part of a budget of max_examples (rounded up: the shards together run at least it)."""
+        return -(-max_examples // self.count)
+
+    @property
+    def id(self) -> str:
+        return f"shard{self.index + 1}of{self.count}"

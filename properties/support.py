@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -42,6 +43,12 @@ def _clone(v: object) -> object:
     if isinstance(v, tuple):
         return tuple(_clone(x) for x in v)
     return v
+
+
+def shardable(test: Any) -> Any:
+    """Mark a property whose examples are costly (a repeat-call hunt): `--shards N` runs its example budget as N
+    tests side by side (harness/plugin.py, harness/scaleout.Shard); without it the test is as it was."""
+    return pytest.mark.usefixtures("shard")(pytest.mark.shardable(test))
 
 
 def subject(engine: Engine, name: str) -> Subject:

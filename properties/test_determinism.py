@@ -41,7 +41,7 @@ from k3num.harness.ledger_cases import K3N_004, K3N_005, K3N_007  # the ledger's
 from k3num.oracles import hunt
 from k3num.oracles.budgets import Budget
 from k3num.oracles.records import judge
-from k3num.properties.support import DEVICE, LOW, call, report, subject, up
+from k3num.properties.support import DEVICE, LOW, call, report, shardable, subject, up
 from k3num.properties.test_attn_res import as_admitted
 from k3num.properties.test_draft_kv import MATERIALIZE, materializer
 
@@ -197,6 +197,7 @@ def check_deterministic(engine, name: str, once: Callable[[], Outputs], calls: i
     report(dataclasses.replace(rec, calls=calls, distinct=k), climb=False)
 
 
+@shardable
 @pytest.mark.parametrize("name", list(KERNEL_SUBJECTS))
 @given(data=st.data())
 def test_repeated_calls_on_identical_inputs_are_bitwise_identical(engine, name: str, data: st.DataObject) -> None:
@@ -208,6 +209,7 @@ def test_repeated_calls_on_identical_inputs_are_bitwise_identical(engine, name: 
                         detail=repr(case).replace(" ", ""))
 
 
+@shardable
 @given(case=draft_kv_cases(styles=("neox",)))
 def test_dflash_materialized_kv_repeated_calls_are_bitwise_identical(engine, case) -> None:
     """SGLang's DFlash materializer (an engine extra, not a subject), called repeatedly on one input."""
@@ -216,6 +218,7 @@ def test_dflash_materialized_kv_repeated_calls_are_bitwise_identical(engine, cas
                         case.seed, detail=repr(case).replace(" ", ""))
 
 
+@shardable
 @given(case=attn_res_cases())
 @example(case=K3N_004)
 @example(case=K3N_005)
@@ -229,6 +232,7 @@ def test_attn_res_repeated_calls_are_bitwise_identical(engine, case: AttnResCase
                         case.seed, detail=repr(case).replace(" ", ""))
 
 
+@shardable
 @pytest.mark.gpu
 @given(case=attn_res_cases())
 @example(case=K3N_007)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from k3num.fixtures.builders import CACHE_LAYOUTS
 from k3num.fixtures.strategies import AttnResCase, DraftKVCase, ProjectionCase, k3_context_kv_case, k3_tokens, seeds
 from k3num.oracles import hunt
-from k3num.properties.support import subject
+from k3num.properties.support import shardable, subject
 from k3num.properties.test_attn_res import check_attn_res_within_rounding_budget
 from k3num.properties.test_attn_res_mix import SUBJECTS as MIX_SUBJECTS
 from k3num.properties.test_attn_res_mix import check_read_only_mixture
@@ -75,6 +75,7 @@ def test_k3_attn_res_within_rounding_budget_of_oracle(engine, seed: int, tokens:
     check_attn_res_within_rounding_budget(engine, case, DEVICE)
 
 
+@shardable
 @given(seed=seeds, tokens=st.integers(1, 64), num_blocks=st.integers(0, 8), delta=st.booleans(), onorm=st.booleans(),
        write=st.booleans())
 def test_k3_attn_res_repeated_calls_are_bitwise_identical(engine, seed: int, tokens: int, num_blocks: int,

@@ -13,6 +13,8 @@
 #   K3NUM_WORKERS_PER_GPU  workers sharing one GPU under -n auto (default 4: the K3-shape properties are
 #                  bound by the host, so one worker leaves the GPU idle; 4 and 8 took the same time on
 #                  one H200, docs/gpu-run.md run 26)
+#   K3NUM_SHARDS   split each `shardable` property's example budget (the repeat-call hunts) into N tests
+#                  that the workers run side by side (the plugin's --shards; random profiles only)
 #   K3NUM_DIST     xdist's --dist (default worksteal: idle workers take queued tests from busy ones)
 #   K3NUM_MAX_WORKER_RESTART  workers xdist may replace (default 100): a worker whose CUDA context is lost
 #                  exits and is replaced; past the limit xdist runs nothing more (the plugin names what never ran)

@@ -83,3 +83,36 @@ def test_auto_workers_refuses_a_bad_per_gpu_count(tmp_path):
                 env={scaleout.GPUS_ENV: "0", scaleout.PER_GPU_ENV: "none"})
     assert r.returncode != 0
     assert f"{scaleout.PER_GPU_ENV}='none': not a whole number" in r.stdout + r.stderr
+
+
+def test_a_shard_is_its_part_of_the_budget_rounded_up():
+    assert [scaleout.Shard(i, 3).id for i in range(3)] == ["shard1of3", "shard2of3", "shard3of3"]
+    assert scaleout.Shard(0, 3).examples(10_000) == 3334 and scaleout.Shard().examples(10_000) == 10_000
+    for bad in ((3, 3), (-1, 2), (0, 0)):
+        with pytest.raises(ValueError, match="expected 0 <= index < count"):
+            scaleout.Shard(*bad)
+
+
+SHARDED = ["properties/test_determinism.py", "-k", "repeated_calls_on_identical and attn_res_mix_eager"]
+
+
+def _run(tmp_path: Path, csv: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", *SHARDED, "--engine", "mirror", "-p", "no:cacheprovider",
+                           "-q", "--drift-csv", str(csv), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, **(env or {})})
+
+
+def test_shards_split_a_shardable_propertys_examples_and_leave_it_whole_without(tmp_path):
+    """--shards 2 under a random profile: two tests, each half the examples (dev: 50 -> 25 each); without
+    it the node id and the count are the test's own; a derandomized profile is refused."""
+    whole, split = tmp_path / "whole.csv", tmp_path / "split.csv"
+    r1 = _run(tmp_path, whole, "--hypothesis-profile=dev")
+    r2 = _run(tmp_path, split, "--hypothesis-profile=dev", env={scaleout.SHARDS_ENV: "2"})
+    assert r1.returncode == 0 and r2.returncode == 0, r1.stdout[-2000:] + r2.stdout[-2000:]
+    a, b = read_csv(whole), read_csv(split)
+    node = "properties/test_determinism.py::test_repeated_calls_on_identical_inputs_are_bitwise_identical"
+    assert a.groupby("node").size().to_dict() == {f"{node}[mirror-attn_res_mix_eager]": 50}
+    assert b.groupby("node").size().to_dict() == {f"{node}[mirror-shard{i}of2-attn_res_mix_eager]": 25 for i in (1, 2)}
+    assert b["seed"].nunique() > 25  # each shard drew its own examples
+    r3 = _run(tmp_path, tmp_path / "ci.csv", "--hypothesis-profile=ci", "--shards", "2")
+    assert r3.returncode != 0 and "the hypothesis profile is derandomized" in r3.stdout + r3.stderr

@@ -156,15 +156,18 @@ def same(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> bool:
     return all(x.shape == y.shape and x.dtype == y.dtype and torch.equal(_bits(x), _bits(y)) for x, y in zip(a, b))
 
 
-def same_on_device(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
-    """`same(a, b)` as a 0-d bool tensor left on the device (no sync: a caller comparing many calls reads
-    them all at once), or None where shapes or dtypes differ (known on the host: not the same)."""
-    if len(a) != len(b) or any(x.shape != y.shape or x.dtype != y.dtype for x, y in zip(a, b)):
-        return None
-    flags = [(_bits(x) == _bits(y)).all() for x, y in zip(a, b) if x.numel()]
-    if not flags:
-        return torch.ones((), dtype=torch.bool, device=a[0].device if a else "cpu")
-    return torch.stack(flags).all() if len(flags) > 1 else flags[0]
+def all_same_as_first(outputs: list[tuple[torch.Tensor, ...]]) -> bool:
+    """Whether every output tuple is bitwise the first (`same`), decided with one device sync: each output
+    position's results are stacked and compared with the first's at once (the results are all kept anyway)."""
+    if len(outputs) < 2:
+        return True
+    first = outputs[0]
+    if any(len(o) != len(first) or any(x.shape != y.shape or x.dtype != y.dtype for x, y in zip(first, o))
+           for o in outputs[1:]):
+        return False
+    flags = [(torch.stack([_bits(o[j]) for o in outputs[1:]]) == _bits(first[j])).all()
+             for j in range(len(first)) if first[j].numel()]
+    return not flags or bool(torch.stack([f.to(flags[0].device) for f in flags]).all())
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

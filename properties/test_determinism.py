@@ -163,22 +163,16 @@ def check_deterministic(engine, name: str, once: Callable[[], Outputs], calls: i
                         detail: str = "") -> None:
     """`calls` calls of `once` under poisoned allocations; every result bitwise equal to the first.
 
-    Each call's result is compared with the first's on the device as it comes (hunt.same_on_device), and
-    the flags are read once at the end: where all calls gave the first call's bits (the passing case)
-    that is the whole record; otherwise the differences are counted and located as one by one."""
+    All results are compared with the first's at once, on the device (hunt.all_same_as_first: one sync):
+    where all calls gave the first call's bits (the passing case) that is the whole record; otherwise the
+    differences are counted and located one by one."""
     results: list[tuple[torch.Tensor, ...]] = []
     names: tuple[str, ...] = ()
-    flags: list[torch.Tensor | None] = []
     for _ in range(calls):
         with hunt.poisoned_allocations():
             out, names = once()
-        out = tuple(t.detach().clone() for t in out)
-        if results:
-            flags.append(hunt.same_on_device(results[0], out))
-        results.append(out)
-    identical = all(f is not None for f in flags) and (
-        not flags or bool(torch.stack([f.to(flags[0].device) for f in flags if f is not None]).all()))
-    if identical:  # what the lines below give when every result is the first's, without their passes
+        results.append(tuple(t.detach().clone() for t in out))
+    if hunt.all_same_as_first(results):  # what the lines below give when every result is the first's
         k, first_diff, odd, i = 1, "", results[0], 0
     else:
         first_diff = next((d for d in (hunt.first_difference(results[0], r, names) for r in results[1:]) if d), "")

@@ -67,7 +67,7 @@ def attn_res_oracle(engine: Any, prefix: torch.Tensor, delta: torch.Tensor | Non
     the write-back property checks exactly); its order is write, then mix. Budget: mixture_budget,
     plus the output norm's term when there is one."""
     p = prefix if delta is None else round_storage(engine, prefix.float() + delta.float())
-    # the mixture before the output norm, and the norm applied to it: the oracle's own two steps
+    # one oracle call: its output, the sources it mixed and its mixture before the output norm
     want, _, _, sources, mixed = ref_attn_res.attn_res_with_sources(
         up(p), None, up(blocks), up(norm), up(qk), None if out_norm is None else up(out_norm), num_blocks, write, eps,
         out_eps)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 
 
@@ -81,17 +82,9 @@ def compare(actual: torch.Tensor, reference: torch.Tensor, *, dtype: torch.dtype
     cosine = dot / (anorm * rnorm) if anorm > 0 and rnorm > 0 else float(anorm == rnorm)
     worst: tuple[tuple[int, ...], ...] = ()
     if max_abs > 0:
-        worst = tuple(_unravel(int(j), tuple(diff.shape)) for v, j in zip(values, indices) if v > 0)
+        worst = tuple(tuple(int(i) for i in np.unravel_index(int(j), diff.shape))
+                      for v, j in zip(values, indices) if v > 0)
     return Metrics(max_abs, rel_fro, max_ulp, cosine, int(mismatch), ref_max, worst, int(n_over), diff.numel())
-
-
-def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """torch.unravel_index for one index, on the host."""
-    out = []
-    for size in reversed(shape):
-        flat, i = divmod(flat, size) if size else (flat, 0)
-        out.append(i)
-    return tuple(reversed(out))
 
 
 def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor) -> str:

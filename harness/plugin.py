@@ -18,7 +18,8 @@ Profiles (pick with --hypothesis-profile NAME; default "dev"):
 - gpu-smoke: 5 derandomized examples per property: does everything run on this GPU box at all.
 - ci-mutants: ci without the shrink phase, for the mutant self-test.
 - gate-proof: 300 random (not derandomized) examples, no database: the regression gate's proof.
-All have deadline=None: oracle and kernel timings vary too much for deadlines.
+All have deadline=None: oracle and kernel timings vary too much for deadlines. They are the same
+whether or not the CI environment variable is set (hypothesis's own CI default is not inherited).
 
 On a machine without CUDA the plugin sets TRITON_INTERPRET=1 when it is imported (before triton
 is first imported anywhere): there the engines' Triton kernels can only run under the interpreter.
@@ -65,18 +66,25 @@ if not torch.cuda.is_available():
     # before triton is first imported (see engines.triton_support.require_interpreter)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-settings.register_profile("dev", max_examples=50, **_COMMON)
-settings.register_profile("ci", max_examples=40, derandomize=True, database=None, print_blob=True, **_COMMON)
-settings.register_profile("nightly", max_examples=10_000, print_blob=True, **_COMMON)
+# every profile is built on hypothesis's own "default" profile, not on settings.default: where the CI
+# environment variable is set (GitHub Actions, GitLab, most nightly runners) hypothesis makes its CI
+# profile the default, derandomized, and a profile registered without a parent would inherit that, so
+# the nightly would draw the same 10,000 examples every night and --shards would be refused
+_BASE = settings.get_profile("default")
+settings.register_profile("dev", parent=_BASE, max_examples=50, **_COMMON)
+settings.register_profile("ci", parent=_BASE, max_examples=40, derandomize=True, database=None, print_blob=True,
+                          **_COMMON)
+settings.register_profile("nightly", parent=_BASE, max_examples=10_000, print_blob=True, **_COMMON)
 settings.register_profile("nightly-1k", parent=settings.get_profile("nightly"), max_examples=1_000)
-settings.register_profile("gpu-smoke", max_examples=5, derandomize=True, database=None, print_blob=True, **_COMMON)
+settings.register_profile("gpu-smoke", parent=_BASE, max_examples=5, derandomize=True, database=None,
+                          print_blob=True, **_COMMON)
 # the ci example budget without the shrink phase: the mutant self-test only needs to know that a
 # mutant fails, not its minimal counterexample
 settings.register_profile("ci-mutants", parent=settings.get_profile("ci"),
                           phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target])
 # the regression gate's proof (tests/test_history_gate.py): fresh random draws every run, so two runs
 # of one source differ by real sampling noise, and enough examples for a within-budget drift to show
-settings.register_profile("gate-proof", max_examples=300, database=None, **_COMMON)
+settings.register_profile("gate-proof", parent=_BASE, max_examples=300, database=None, **_COMMON)
 DEFAULT_PROFILE = "dev"
 
 MARKERS = (

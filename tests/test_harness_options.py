@@ -86,3 +86,31 @@ def test_the_drift_csv_keeps_the_finished_tests_of_a_killed_run(tmp_path: Path) 
     assert proc.returncode < 0, "the run was meant to be killed"  # killed by a signal: no session end
     df = pd.read_csv(csv)
     assert list(df["property"]) == ["p"] and list(df["verdict"]) == ["pass"]
+
+
+_PROFILES = {"dev": False, "ci": True, "nightly": False, "nightly-1k": False, "gpu-smoke": True,
+             "ci-mutants": True, "gate-proof": False}  # name -> derandomized, as harness/plugin.py documents
+_SHOW_PROFILES = ("import json; from hypothesis import settings; import k3num.harness.plugin; "
+                  "print(json.dumps({n: [settings.get_profile(n).derandomize, settings.get_profile(n).max_examples, "
+                  "settings.get_profile(n).database is None, settings.get_profile(n).print_blob] "
+                  f"for n in {sorted(_PROFILES)!r}}}))")
+
+
+def _profiles(ci: bool) -> dict[str, list]:
+    import json
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "TF_BUILD")}
+    if ci:
+        env["CI"] = "true"
+    proc = subprocess.run([sys.executable, "-c", _SHOW_PROFILES], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def test_profiles_draw_as_documented_whether_or_not_ci_is_set() -> None:
+    """Hypothesis makes its derandomized CI profile the default where CI is set; ours must not inherit it
+    (a nightly runner sets CI: the nightly would draw the same examples every night, --shards be refused)."""
+    off, on = _profiles(ci=False), _profiles(ci=True)
+    assert on == off
+    assert {n: v[0] for n, v in on.items()} == _PROFILES

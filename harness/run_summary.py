@@ -142,8 +142,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         tw.line(f"ERROR: engine {name} was asked for and ran no test: {why}", red=True)
     never = getattr(config, "_k3num_never", [])
     if never:
-        why = (f"the run stopped after {config.option.maxfail} failure(s), -x/--maxfail"
-               if getattr(config.option, "maxfail", 0) and getattr(session_of(config), "testsfailed", 0)
+        session = session_of(config)
+        status = getattr(session, "exitstatus", None)
+        why = ("the run stopped at the usage error printed below, before any test ran"
+               if status == pytest.ExitCode.USAGE_ERROR else
+               f"the run stopped after {config.option.maxfail} failure(s), -x/--maxfail"
+               if getattr(config.option, "maxfail", 0) and getattr(session, "testsfailed", 0)
                >= config.option.maxfail else
                "xdist stops replacing crashed workers after --max-worker-restart; a run cut short")
         tw.line(f"ERROR: {len(never)} collected test(s) never ran ({why}): {', '.join(never[:5])}"

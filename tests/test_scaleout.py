@@ -116,3 +116,4 @@ def test_shards_split_a_shardable_propertys_examples_and_leave_it_whole_without(
     assert b["seed"].nunique() > 25  # each shard drew its own examples
     r3 = _run(tmp_path, tmp_path / "ci.csv", "--hypothesis-profile=ci", "--shards", "2")
     assert r3.returncode != 0 and "the hypothesis profile is derandomized" in r3.stdout + r3.stderr
+    assert "usage error" in r3.stdout and "xdist" not in r3.stdout  # not blamed on crashed workers

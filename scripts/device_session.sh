@@ -9,7 +9,7 @@
 #   and carry engine-cache/ without its wheels/ folder (about 0.5 MB).
 # Usage: scripts/device_session.sh OUT [PARTS]
 #   PARTS: comma-separated, any of ops,bench,race,k3,small,hunt,sanitize,golden,k3det,scale,stores,isolation,csrc,check,
-#   checkops,ts,oracle,profile,derand
+#   checkops,ts,oracle,profile,derand,nightly
 #   `oracle` times the float64 oracles at K3 shapes against the fp64 GEMM and the copy rate (bench/oracle_throughput.py,
 #   K3NUM_ORACLE_REPS, K3NUM_ORACLE_ONLY, K3NUM_ORACLE_PROFILE=1 for the profiler's tables in OUT/oracle-profile.txt);
 #   with K3NUM_ORACLE_BITS_ROOT=TREE (another checkout's root) it also compares the oracle's and the judges' values
@@ -17,6 +17,9 @@
 #   `profile` runs bench/suite_profile.py --examples K3NUM_PROFILE_EXAMPLES (100): examples/s and the phase shares.
 #   `derand` runs the K3-shape suite derandomized (K3NUM_DERAND_PROFILE, default ci) and, with
 #   K3NUM_DERAND_BEFORE=CSV, compares its drift CSV with that one record for record (scripts/csv_identity.py).
+#   `nightly` runs the K3-shape suite under K3NUM_NIGHTLY_PROFILE (default nightly: 10,000 examples per property)
+#   with gpu_nightly.sh (its K3NUM_SHARDS, K3NUM_WORKERS_PER_GPU; K3NUM_TIMEOUT bounds it) and prints every test's
+#   examples, seconds and examples/s (scripts/nightly_rates.py: OUT/nightly.md).
 #   `ts` runs TokenSpeed on cuda (tokenspeed-kernel's Triton kernels natively; its CUDA rope.so through tvm_ffi,
 #   installed from engine-cache/runtime-wheels when missing): every property at small shapes (K3NUM_TS_SMALL_PROFILE,
 #   default ci) and the K3-shape ones (K3NUM_TS_K3_PROFILE, default nightly-1k), timed, to OUT/ts-*.csv.
@@ -72,8 +75,8 @@ out=${1:?usage: scripts/device_session.sh OUT [PARTS]}
 parts=",${2:-bench,race,k3,small},"
 want() { [[ "$parts" == *",$1,"* ]]; }
 for p in ${parts//,/ }; do
-    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts|oracle|profile|derand) ;;
-        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts, oracle, profile, derand)"
+    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts|oracle|profile|derand|nightly) ;;
+        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts, oracle, profile, derand, nightly)"
            exit 2;; esac
 done
 mkdir -p "$out"
@@ -93,7 +96,7 @@ small_engines=${K3NUM_SMALL_ENGINES:-vllm vllm-rocm sglang tokenspeed}
 for e in vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
-bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0
+bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0 nightly=0
 if want oracle; then
     echo "== the float64 oracles at K3 shapes against the plain fp64 GEMM and the copy rate (bench/oracle_throughput.py)"
     python bench/oracle_throughput.py --tokens 1024,8192 --reps "${K3NUM_ORACLE_REPS:-20}" \
@@ -124,6 +127,27 @@ if want derand; then
         python scripts/csv_identity.py "$K3NUM_DERAND_BEFORE" "$out/derand.csv" --exclude-ledger | tee "$out/derand.txt"
         [ "${PIPESTATUS[0]}" -eq 0 ] || derand=1
     fi
+fi
+if want nightly; then
+    echo "== the K3-shape suite under ${K3NUM_NIGHTLY_PROFILE:-nightly} (shards ${K3NUM_SHARDS:-1}, \
+${K3NUM_WORKERS_PER_GPU:-4} workers per GPU, limit ${K3NUM_TIMEOUT}s)"
+    # every GPU's utilisation (the share of each second a kernel ran), sampled each second while the suite runs
+    nvidia-smi --query-gpu=index,utilization.gpu --format=csv,noheader,nounits -l 1 > "$out/nightly-util.csv" &
+    util_pid=$!
+    K3NUM_PROFILE=${K3NUM_NIGHTLY_PROFILE:-nightly} K3NUM_SUITE="properties -m gpu" K3NUM_ENGINES=$k3_engines \
+        bash scripts/gpu_nightly.sh "$out/nightly" --hypothesis-show-statistics > "$out/nightly.log" 2>&1 || nightly=1
+    kill "$util_pid" 2>/dev/null
+    tail -n 3 "$out/nightly.log"
+    python scripts/nightly_rates.py "$out/nightly" | tee "$out/nightly.md"
+    python - "$out/nightly-util.csv" <<'PY' | tee -a "$out/nightly.md"
+import sys
+import pandas as pd
+u = pd.read_csv(sys.argv[1], header=None, names=["gpu", "util"])
+for g, s in u.groupby("gpu"):
+    print(f"GPU {g} utilisation over {len(s)} s: mean {s.util.mean():.0f}%, median {s.util.median():.0f}%, "
+          f"seconds at >= 90%: {(s.util >= 90).mean():.0%}")
+PY
+    grep -E "passed|failed|ERROR" "$out/nightly/pytest.log" | tail -n 5
 fi
 if want ts; then
     echo "== TokenSpeed on cuda: tokenspeed-kernel's Triton kernels natively, rope.so where it loads, the AttnRes stack"
@@ -362,5 +386,5 @@ if [ -n "$k3_pid" ]; then wait "$k3_pid"; k3=$?; cat "$out/k3.log"; fi
 if [ -n "$small_pid" ]; then wait "$small_pid"; small=$?; cat "$out/small.log"; fi
 dirs=(); for d in k3 small; do [ -d "$out/$d" ] && dirs+=("$d"); done
 [ ${#dirs[@]} -gt 0 ] && tar czf "$out/properties.tgz" -C "$out" "${dirs[@]}"
-echo "device_session: oracle exit $oracle, profile exit $profile, derand exit $derand, ts exit $ts, checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
-[ "$oracle" -eq 0 ] && [ "$profile" -eq 0 ] && [ "$derand" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]
+echo "device_session: nightly exit $nightly, oracle exit $oracle, profile exit $profile, derand exit $derand, ts exit $ts, checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
+[ "$nightly" -eq 0 ] && [ "$oracle" -eq 0 ] && [ "$profile" -eq 0 ] && [ "$derand" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]

@@ -117,3 +117,34 @@ def test_shards_split_a_shardable_propertys_examples_and_leave_it_whole_without(
     r3 = _run(tmp_path, tmp_path / "ci.csv", "--hypothesis-profile=ci", "--shards", "2")
     assert r3.returncode != 0 and "the hypothesis profile is derandomized" in r3.stdout + r3.stderr
     assert "usage error" in r3.stdout and "xdist" not in r3.stdout  # not blamed on crashed workers
+
+
+def _nightly_rates():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("nightly_rates", ROOT / "scripts" / "nightly_rates.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["nightly_rates"] = mod  # its dataclass looks its module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_nightly_rates_count_every_phases_cases_and_time_each_sharded_test(tmp_path):
+    """scripts/nightly_rates.py on a real xdist run of two shards: each row has its shard's examples (25 of
+    dev's 50), its junit seconds and the stop reason; every phase's cases are summed."""
+    out = tmp_path / "night"
+    out.mkdir()
+    r = _run(tmp_path, out / "drift.csv", "--hypothesis-profile=dev", "--hypothesis-show-statistics", "-n", "2",
+             "--junitxml", str(out / "junit.xml"), env={scaleout.SHARDS_ENV: "2"})
+    assert r.returncode == 0, r.stdout[-2000:]
+    (out / "pytest.log").write_text(r.stdout)
+    rows, tail = _nightly_rates().table(out)
+    node = "properties/test_determinism.py::test_repeated_calls_on_identical_inputs_are_bitwise_identical"
+    assert sorted(row["test"] for row in rows) == [f"{node}[mirror-shard{i}of2-attn_res_mix_eager]" for i in (1, 2)]
+    assert all(row["examples"] == 25 and row["stopped"] == "max_examples=25" and row["seconds"] > 0 for row in rows)
+    assert tail.startswith("run wall time (pytest): ") and " s;" in tail
+    log = ("== Hypothesis Statistics ==\nt.py::test_a:\n  - during explicit phase (0.1 seconds):\n"
+           "    - 2 passing, 0 failing, and 0 invalid test cases\n  - during generate phase (1.0 seconds):\n"
+           "    - 7 passing, 1 failing, and 3 invalid test cases\n  - Stopped because nothing left to do\n== end ==\n")
+    s = _nightly_rates().statistics(log)["t.py::test_a"]
+    assert (s.examples, s.invalid, s.stopped) == (10, 3, "nothing left to do")

@@ -139,6 +139,7 @@ ${K3NUM_WORKERS_PER_GPU:-4} workers per GPU, limit ${K3NUM_TIMEOUT}s)"
     kill "$util_pid" 2>/dev/null
     tail -n 3 "$out/nightly.log"
     python scripts/nightly_rates.py "$out/nightly" | tee "$out/nightly.md"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || nightly=1
     python - "$out/nightly-util.csv" <<'PY' | tee -a "$out/nightly.md"
 import sys
 import pandas as pd

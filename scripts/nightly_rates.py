@@ -8,9 +8,9 @@ holds hypothesis's statistics block per test (the test cases each phase ran and 
 junit.xml each test's wall time. A test is one row: its examples (passing + failing test cases over
 every phase; invalid ones, which hypothesis discards, are shown apart), its seconds, examples/s, and
 hypothesis's stop reason (`max_examples=10000` is a test that reached its budget). A test with
-statistics and no junit time was cut off by the run's limit; a test in junit.xml without statistics
-(a skip, or a test that is not a hypothesis test) is not listed. The last line is the run's wall time
-as pytest printed it, and the sum of the tests' seconds.
+statistics and no junit time is said to be so (junit.xml is written at the run's end); a test in
+junit.xml without statistics (a skip, or a test that is not a hypothesis test) is not listed. The last
+line is the run's wall time as pytest printed it, and the sum of the tests' seconds.
 """
 
 from __future__ import annotations
@@ -67,14 +67,17 @@ def statistics(log: str) -> dict[str, Stats]:
     return out
 
 
-def durations(junit: Path) -> dict[str, float]:
-    """node id -> seconds, from a junit.xml (classname dots back to a path; parametrized names kept)."""
-    out: dict[str, float] = {}
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        cls, name = case.get("classname", ""), case.get("name", "")
-        path = cls.replace(".", "/") + ".py"
-        out[f"{path}::{name}"] = float(case.get("time", "nan"))
-    return out
+def durations(junit: Path) -> dict[tuple[str, str], float]:
+    """(classname, name) -> seconds, from a junit.xml."""
+    return {(case.get("classname", ""), case.get("name", "")): float(case.get("time", "nan"))
+            for case in ET.parse(junit).getroot().iter("testcase")}
+
+
+def junit_key(node: str) -> tuple[str, str]:
+    """A pytest node id as junit.xml names it: `a/test_x.py::Cls::name[p]` -> ("a.test_x.Cls", "name[p]")."""
+    base, bracket, params = node.partition("[")  # a parameter id may itself hold "::"
+    path, *rest = base.split("::")
+    return ".".join([path.removesuffix(".py").replace("/", "."), *rest[:-1]]), rest[-1] + bracket + params
 
 
 def table(out_dir: Path) -> tuple[list[dict[str, object]], str]:
@@ -87,12 +90,12 @@ def table(out_dir: Path) -> tuple[list[dict[str, object]], str]:
     secs = durations(junit) if junit.exists() else {}
     rows: list[dict[str, object]] = []
     for node, s in stats.items():
-        t = secs.get(node)
+        t = secs.get(junit_key(node))
         rows.append({"test": node, "examples": s.examples, "invalid": s.invalid,
                      "seconds": t, "examples/s": (s.examples / t) if t else None,
-                     "stopped": s.stopped if t is not None else "cut off by the run's limit"})
+                     "stopped": s.stopped if t is not None else "no time in junit.xml (the run did not finish)"})
     rows.sort(key=lambda r: -(r["seconds"] if isinstance(r["seconds"], float) else float("inf")))
-    walls = [m.group(1) for line in log.splitlines() if (m := _WALL.search(line)) and " in " in line]
+    walls = [m.group(1) for line in log.splitlines() if (m := _WALL.search(line))]
     busy = sum(r["seconds"] for r in rows if isinstance(r["seconds"], float))
     tail = (f"run wall time (pytest): {walls[-1] + ' s' if walls else 'not printed (cut off)'}; "
             f"the listed tests' seconds sum to {busy:.0f} s")

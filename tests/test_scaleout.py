@@ -146,5 +146,6 @@ def test_nightly_rates_count_every_phases_cases_and_time_each_sharded_test(tmp_p
     log = ("== Hypothesis Statistics ==\nt.py::test_a:\n  - during explicit phase (0.1 seconds):\n"
            "    - 2 passing, 0 failing, and 0 invalid test cases\n  - during generate phase (1.0 seconds):\n"
            "    - 7 passing, 1 failing, and 3 invalid test cases\n  - Stopped because nothing left to do\n== end ==\n")
+    assert _nightly_rates().junit_key("a/test_x.py::Cls::test_b[p::q]") == ("a.test_x.Cls", "test_b[p::q]")
     s = _nightly_rates().statistics(log)["t.py::test_a"]
     assert (s.examples, s.invalid, s.stopped) == (10, 3, "nothing left to do")

@@ -39,7 +39,7 @@ def ledgered(inner):
             raise
         except (pytest.fail.Exception, Exception):  # an assertion, a refusal not raised, any error
             drawn = {k: v for k, v in kwargs.items() if k != "engine"}
-            covering = [d.id for d in filed if ledger_cases.inside(d.id, inner.__name__, drawn)]
+            covering = [d.id for d in filed if ledger_cases.inside(d.id, drawn)]
             if not covering:
                 raise  # outside every entry's cases: a failure like any other
             _KNOWN.setdefault(COLLECTOR.node, []).append(covering[0])

@@ -199,6 +199,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         f"(default: ${scaleout.SHARDS_ENV} or 1, which leaves every test and node id as it is)",
     )
     group.addoption(
+        "--run-limit",
+        default=None,
+        type=float,
+        metavar="SECONDS",
+        help="the wall-clock limit a wrapper interrupts this run at (scripts/gpu_nightly.sh passes K3NUM_TIMEOUT): "
+        "a run interrupted after it is reported as cut by that limit, not as crashed workers",
+    )
+    group.addoption(
         "--drift-csv",
         default=None,
         metavar="PATH",

@@ -83,7 +83,8 @@ def _judge_the_account(session: pytest.Session) -> None:
     config._k3num_empty = empty  # type: ignore[attr-defined]
     # collected and never reported: a test xdist dropped (its restart limit reached after crashed
     # workers) or a run cut short; said by name, and a run that meant to run them does not pass
-    never = sorted(_COLLECTED - _REPORTED)
+    # --collect-only runs nothing by design: nothing is owed
+    never = [] if config.getoption("collectonly", False) else sorted(_COLLECTED - _REPORTED)
     config._k3num_never = never  # type: ignore[attr-defined]
     stopped = session.shouldstop or session.shouldfail or session.exitstatus == pytest.ExitCode.INTERRUPTED
     if (empty or (never and not stopped)) and session.exitstatus == 0:
@@ -142,15 +143,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         tw.line(f"ERROR: engine {name} was asked for and ran no test: {why}", red=True)
     never = getattr(config, "_k3num_never", [])
     if never:
-        session = session_of(config)
-        status = getattr(session, "exitstatus", None)
-        why = ("the run stopped at the usage error printed below, before any test ran"
-               if status == pytest.ExitCode.USAGE_ERROR else
-               f"the run stopped after {config.option.maxfail} failure(s), -x/--maxfail"
-               if getattr(config.option, "maxfail", 0) and getattr(session, "testsfailed", 0)
-               >= config.option.maxfail else
-               "xdist stops replacing crashed workers after --max-worker-restart; a run cut short")
-        tw.line(f"ERROR: {len(never)} collected test(s) never ran ({why}): {', '.join(never[:5])}"
+        tw.line(f"ERROR: {len(never)} collected test(s) never ran ({_why_never(config)}): {', '.join(never[:5])}"
                 f"{' ...' if len(never) > 5 else ''}", red=True)
     frame = getattr(config, "_k3num_frame", None)
     summary = summarize(frame) if frame is not None else COLLECTOR.summary()
@@ -165,6 +158,24 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         tw.line(f"drift CSV: {written[0]} ({written[1]} records)" + (f"; latest: {latest}" if latest else ""))
         home = Path(latest).parent if latest else Path(written[0]).parent
         tw.line(f"next: k3num report --history {home / 'history'} --out {home / 'report'} {written[0]}")
+
+
+def _why_never(config: pytest.Config) -> str:
+    """Why collected tests never ran, from what the session knows: a usage error, -x/--maxfail, an
+    interruption (at --run-limit when a wrapper gave one: gpu_nightly.sh's K3NUM_TIMEOUT), else xdist's
+    dropped tests after its worker restarts ran out."""
+    session = session_of(config)
+    status = getattr(session, "exitstatus", None)
+    if status == pytest.ExitCode.USAGE_ERROR:
+        return "the run stopped at the usage error printed below, before any test ran"
+    if getattr(config.option, "maxfail", 0) and getattr(session, "testsfailed", 0) >= config.option.maxfail:
+        return f"the run stopped after {config.option.maxfail} failure(s), -x/--maxfail"
+    if status == pytest.ExitCode.INTERRUPTED:
+        limit = config.getoption("--run-limit", None)
+        return (f"the run was interrupted at its time limit of {limit:g} s (--run-limit; gpu_nightly.sh's "
+                "K3NUM_TIMEOUT): a run cut short, no worker crashed" if limit else
+                "the run was interrupted (SIGINT or Ctrl-C): a run cut short")
+    return "xdist stops replacing crashed workers after --max-worker-restart; a run cut short"
 
 
 def _asks_skips(config: pytest.Config) -> bool:

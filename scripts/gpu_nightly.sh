@@ -92,7 +92,7 @@ status=0
 ${limit:+timeout -s INT -k 60 "$limit"} python -m pytest "${suite[@]}" --engine "${engines// /,}" \
     -n "$workers" --dist "${K3NUM_DIST:-worksteal}" --max-worker-restart "${K3NUM_MAX_WORKER_RESTART:-100}" \
     --device "$device" --hypothesis-profile="$profile" \
-    -p no:cacheprovider -o junit_suite_name=k3num --durations=15 --drift-csv "$out/drift.csv" \
+    -p no:cacheprovider -o junit_suite_name=k3num --durations=15 --drift-csv "$out/drift.csv" ${limit:+--run-limit "$limit"} \
     --junitxml "$out/junit.xml" "${repro[@]}" "$@" > "$out/pytest.log" 2>&1 || status=$?
 [ "$status" -eq 124 ] && echo "gpu_nightly: interrupted at the ${limit} s limit (the CSV holds the tests that finished)"
 # pytest exit 5 (nothing collected) is a failure here too: a nightly that ran nothing must not pass

@@ -148,3 +148,30 @@ def test_tests_xdist_never_ran_are_named_and_fail_the_run(tmp_path: Path) -> Non
                        timeout=300, env=dict(os.environ, K3NUM_OWN_TESTS=str(tmp_path / "suite")))
     assert r.returncode == 1, r.stdout[-3000:]
     assert re.search(r"ERROR: \d+ collected test\(s\) never ran", r.stdout), r.stdout[-3000:]
+
+
+def test_collect_only_exits_as_pytest_does_and_owes_no_test(tmp_path: Path) -> None:
+    """Issue 32: `--co` listed the tests, then said they 'never ran' and exited 1."""
+    (tmp_path / "suite").mkdir()
+    (tmp_path / "suite" / "test_few.py").write_text("def test_a():\n    pass\n\ndef test_b():\n    pass\n")
+    r = subprocess.run([sys.executable, "-m", "pytest", str(tmp_path / "suite"), "--co", "-q", "-p",
+                        "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, K3NUM_OWN_TESTS=str(tmp_path / "suite")))
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "2 tests collected" in r.stdout and "never ran" not in r.stdout, r.stdout[-3000:]
+
+
+def test_a_run_cut_by_its_time_limit_names_the_limit_not_crashed_workers(tmp_path: Path) -> None:
+    """Issue 32: a run stopped by K3NUM_TIMEOUT (gpu_nightly.sh: SIGINT at the limit) blamed xdist's worker
+    restarts. With --run-limit, the account names the limit; without it, the interruption."""
+    (tmp_path / "suite").mkdir()
+    (tmp_path / "suite" / "test_slow.py").write_text(
+        "import os, signal, pytest\n@pytest.mark.parametrize('i', range(6))\ndef test_i(i):\n"
+        "    if i == 2:\n        os.kill(os.getpid(), signal.SIGINT)\n")
+    for extra, said in ((["--run-limit", "470"], "interrupted at its time limit of 470 s"),
+                        ([], "the run was interrupted (SIGINT or Ctrl-C)")):
+        r = subprocess.run([sys.executable, "-m", "pytest", str(tmp_path / "suite"), "-q", "-p", "no:cacheprovider",
+                            *extra], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, K3NUM_OWN_TESTS=str(tmp_path / "suite")))
+        assert r.returncode == 2, r.stdout[-3000:]  # pytest's own exit code for an interrupted run
+        assert said in r.stdout and "xdist" not in r.stdout, r.stdout[-3000:]

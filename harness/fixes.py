@@ -24,6 +24,7 @@ from k3num.supply import fetch
 VLLM_ATTN_RES = "vllm/models/kimi_k3/nvidia/ops/attn_res.py"
 ROCM_ATTN_RES = "vllm/models/kimi_k3/amd/ops/attn_res.py"
 SGLANG_ATTN = "sglang/srt/layers/attn_residual.py"
+SGLANG_MATERIALIZE = "sglang/kernels/ops/speculative/fused_kv_materialize.py"
 TOKENSPEED_MODEL = "tokenspeed/runtime/models/kimi_k3_dspark.py"
 
 
@@ -128,13 +129,18 @@ def unmask_source_columns(text: str, path: str) -> str:
                        "source_mask[:, None] & d_mask[None, :]", "source_mask[:, None]")
 
 
-def record_mix_fused_calls(text: str, path: str) -> str:
-    """Instrumentation for the planted bugs below: `_mix_fused` (the launcher of SGLang's score and
-    combine kernels) appends the running pytest node id to the file K3NUM_PLANT_LOG names, so the
-    isolation proof knows exactly which tests called the broken kernel (scripts/gpu_isolation.py)."""
+def _record_calls(text: str, path: str, func: str) -> str:
+    """`text` with top-level function `func` (a launcher of a planted kernel) appending the running pytest
+    node id to the file K3NUM_PLANT_LOG names at its first statement, so the isolation proof knows exactly
+    which tests called the broken kernel (scripts/gpu_isolation.py)."""
     lines = text.splitlines(keepends=True)
-    lo, hi = _lines_of(text, "_mix_fused", path)
-    i = _one(lines, lo, hi, r"^\s*T, H = prefix_sum\.shape\s*$", path)
+    fn = next((n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == func), None)
+    if fn is None:
+        raise FixError(f"{path}: function {func} not found")
+    body = fn.body[1:] if isinstance(fn.body[0], ast.Expr) and isinstance(fn.body[0].value, ast.Constant) else fn.body
+    if not body:
+        raise FixError(f"{path}: function {func} has no statement to instrument")
+    i = body[0].lineno - 1
     indent = re.match(r"^(\s*)", lines[i]).group(1)
     lines.insert(i, f"{indent}import os as _k3os  # k3num instrumentation: who calls the planted kernel\n"
                     f"{indent}if _k3os.environ.get('K3NUM_PLANT_LOG'):\n"
@@ -142,6 +148,31 @@ def record_mix_fused_calls(text: str, path: str) -> str:
                     f"{indent}        _k3log.write(_k3os.environ.get('PYTEST_CURRENT_TEST', '?').split(' ')[0]"
                     f" + '\\n')\n")
     return "".join(lines)
+
+
+def record_mix_fused_calls(text: str, path: str) -> str:
+    """Instrumentation for the planted mixture bugs: `_mix_fused` launches SGLang's score and combine kernels."""
+    return _record_calls(text, path, "_mix_fused")
+
+
+def record_materialize_calls(text: str, path: str) -> str:
+    """Instrumentation for the planted DFlash bug: `_fused_norm_rope_stacked` launches the materializer's kernel."""
+    return _record_calls(text, path, "_fused_norm_rope_stacked")
+
+
+def skip_last_h_block(text: str, path: str) -> str:
+    """Planted bug (unwritten memory; issue 32's plant): `_mix_fused` launches `_combine_kernel` over one
+    H block fewer than the row has (at least one), so the last 1024 columns of every mixture row at H >= 2048
+    are never written. The properties that judge this mixture must fail; nothing else may."""
+    return _replace_in(text, path, "_mix_fused", r"^\s*n_h_blocks = H // _BLOCK_H\s*$", "H // _BLOCK_H",
+                       "max(H // _BLOCK_H - 1, 1)")
+
+
+def scale_materialized_v(text: str, path: str) -> str:
+    """Planted bug (numeric, in a DFlash kernel): `_fused_norm_rope_kernel_stacked` stores twice each V
+    element. The properties that call SGLang's DFlash materializer must fail; nothing else may."""
+    return _replace_in(text, path, "_fused_norm_rope_kernel_stacked", r"^\s*tl\.store\(v_write \+ offs, v_raw, ",
+                       "v_raw,", "(v_raw.to(tl.float32) * 2.0).to(v_raw.dtype),")
 
 
 def scale_combined_mixture(text: str, path: str) -> str:
@@ -242,6 +273,12 @@ PLANTED: tuple[Fix, ...] = (
         ("sglang",), ("properties",), gpu=True),
     Fix("combine-illegal-address", "sglang", ((SGLANG_ATTN, record_mix_fused_calls),
                                               (SGLANG_ATTN, combine_store_out_of_bounds)), ("sglang",),
+        ("properties",), gpu=True),
+    Fix("combine-last-block-skipped", "sglang", ((SGLANG_ATTN, record_mix_fused_calls),
+                                                 (SGLANG_ATTN, skip_last_h_block)), ("sglang",),
+        ("properties",), gpu=True),
+    Fix("materialize-v-scaled", "sglang", ((SGLANG_MATERIALIZE, record_materialize_calls),
+                                           (SGLANG_MATERIALIZE, scale_materialized_v)), ("sglang",),
         ("properties",), gpu=True),
 )
 

@@ -9,7 +9,10 @@
 #   and carry engine-cache/ without its wheels/ folder (about 0.5 MB).
 # Usage: scripts/device_session.sh OUT [PARTS]
 #   PARTS: comma-separated, any of ops,bench,race,k3,small,hunt,sanitize,golden,k3det,scale,stores,isolation,csrc,check,
-#   checkops,ts,oracle,profile,derand,nightly
+#   checkops,ts,oracle,profile,derand,nightly,known
+#   `known` runs the in-place prefix rewrite property (K3N-007's race on vllm-rocm) under nightly-1k on vllm and
+#   vllm-rocm, unsharded and then with --shards 4 over 4 xdist workers: every failing case must be reported known
+#   (xfailed, naming K3N-007), none failed (issue 32). OUT/known-*.log.
 #   `oracle` times the float64 oracles at K3 shapes against the fp64 GEMM and the copy rate (bench/oracle_throughput.py,
 #   K3NUM_ORACLE_REPS, K3NUM_ORACLE_ONLY, K3NUM_ORACLE_PROFILE=1 for the profiler's tables in OUT/oracle-profile.txt);
 #   with K3NUM_ORACLE_BITS_ROOT=TREE (another checkout's root) it also compares the oracle's and the judges' values
@@ -75,8 +78,8 @@ out=${1:?usage: scripts/device_session.sh OUT [PARTS]}
 parts=",${2:-bench,race,k3,small},"
 want() { [[ "$parts" == *",$1,"* ]]; }
 for p in ${parts//,/ }; do
-    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts|oracle|profile|derand|nightly) ;;
-        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts, oracle, profile, derand, nightly)"
+    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts|oracle|profile|derand|nightly|known) ;;
+        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts, oracle, profile, derand, nightly, known)"
            exit 2;; esac
 done
 mkdir -p "$out"
@@ -96,7 +99,22 @@ small_engines=${K3NUM_SMALL_ENGINES:-vllm vllm-rocm sglang tokenspeed}
 for e in vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
-bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0 nightly=0
+known=0 bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0 nightly=0
+if want known; then
+    echo "== known races are known: the in-place prefix rewrite (K3N-007) under nightly-1k, unsharded and sharded"
+    for mode in plain shards; do
+        args=(); [ "$mode" = shards ] && args=(-n 4 --shards 4)
+        t0=$(date +%s)
+        timeout -s INT "${K3NUM_KNOWN_TIMEOUT:-200}" python -m pytest properties/test_determinism.py \
+            -k in_place_prefix_rewrite --engine vllm,vllm-rocm --device cuda -p no:cacheprovider -q -rfxX \
+            --hypothesis-profile=nightly-1k --drift-csv "$out/known-$mode.csv" "${args[@]}" 2>&1 \
+            | grep -v "^SKIPPED" | tail -n 25 > "$out/known-$mode.log"
+        rc=${PIPESTATUS[0]}
+        echo "known ($mode): exit $rc in $(( $(date +%s) - t0 )) s" | tee -a "$out/known-$mode.log"
+        grep -E "XFAIL|FAILED|passed|failed" "$out/known-$mode.log" | head -n 12
+        [ "$rc" -eq 0 ] || known=1
+    done
+fi
 if want oracle; then
     echo "== the float64 oracles at K3 shapes against the plain fp64 GEMM and the copy rate (bench/oracle_throughput.py)"
     python bench/oracle_throughput.py --tokens 1024,8192 --reps "${K3NUM_ORACLE_REPS:-20}" \
@@ -387,5 +405,5 @@ if [ -n "$k3_pid" ]; then wait "$k3_pid"; k3=$?; cat "$out/k3.log"; fi
 if [ -n "$small_pid" ]; then wait "$small_pid"; small=$?; cat "$out/small.log"; fi
 dirs=(); for d in k3 small; do [ -d "$out/$d" ] && dirs+=("$d"); done
 [ ${#dirs[@]} -gt 0 ] && tar czf "$out/properties.tgz" -C "$out" "${dirs[@]}"
-echo "device_session: nightly exit $nightly, oracle exit $oracle, profile exit $profile, derand exit $derand, ts exit $ts, checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
-[ "$nightly" -eq 0 ] && [ "$oracle" -eq 0 ] && [ "$profile" -eq 0 ] && [ "$derand" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]
+echo "device_session: known exit $known, nightly exit $nightly, oracle exit $oracle, profile exit $profile, derand exit $derand, ts exit $ts, checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
+[ "$known" -eq 0 ] && [ "$nightly" -eq 0 ] && [ "$oracle" -eq 0 ] && [ "$profile" -eq 0 ] && [ "$derand" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]

@@ -7,20 +7,30 @@ silently dropped.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
 
 from k3num.engines.base import Engine
 from k3num.supply import EngineUnavailable
 
-__all__ = ["EngineUnavailable", "register", "defaults", "known", "get", "built", "build"]
+__all__ = ["EngineUnavailable", "register", "defaults", "known", "get", "built", "build", "pin_of"]
 
-Factory = Callable[[], Engine]
+# a factory of an engine that reads no engine files (the mirror, the self-tests' mutants) takes no
+# argument; one of a real engine (registered with its pin) takes (src: supply.fetch.Source, mode: str),
+# the tree its files are read from and the requested engine mode (--engine-mode)
+Factory = Callable[..., Engine]
 _FACTORIES: dict[str, Factory] = {}
+_PINS: dict[str, str] = {}  # registry name -> the pin its files come from (real engines only)
 DEFAULT_ENGINES: list[str] = ["mirror"]
 
 
-def register(name: str, factory: Factory, *, default: bool = False) -> None:
+def register(name: str, factory: Factory, *, default: bool = False, pin: str | None = None) -> None:
     _FACTORIES[name] = factory
+    if pin is None:
+        _PINS.pop(name, None)
+    else:
+        _PINS[name] = pin
     if default and name not in DEFAULT_ENGINES:
         DEFAULT_ENGINES.append(name)
 
@@ -36,17 +46,27 @@ def known() -> list[str]:
     return sorted(_FACTORIES)
 
 
-_CACHE: dict[str, Engine] = {}
+def pin_of(name: str) -> str | None:
+    """The pin whose files the engine reads (None: it reads none)."""
+    _load_builtin()
+    return _PINS.get(name)
 
 
-def get(name: str) -> Engine:
-    """Build (once) and return the engine; EngineUnavailable says why it cannot be built."""
+_CACHE: dict[tuple[str, Any, str], Engine] = {}
+
+
+def get(name: str, sources: Mapping[str, Path] | None = None, mode: str = "auto") -> Engine:
+    """Build (once per name, source tree and mode) and return the engine; `sources` maps a pin name to the
+    local tree its files are read from (--engine-src; absent: the pinned cache), `mode` is --engine-mode.
+    EngineUnavailable says why it cannot be built."""
     _load_builtin()
     if name not in _FACTORIES:
         raise ValueError(f"--engine: unknown engine {name!r}; known: {sorted(_FACTORIES)}")
-    if name not in _CACHE:
-        _CACHE[name] = _FACTORIES[name]()
-    return _CACHE[name]
+    pin = _PINS.get(name)
+    key = (name, (sources or {}).get(pin) if pin else None, mode if pin else "")
+    if key not in _CACHE:
+        _CACHE[key] = build(name, sources, mode)
+    return _CACHE[key]
 
 
 def built() -> list[Engine]:
@@ -54,12 +74,24 @@ def built() -> list[Engine]:
     return list(_CACHE.values())
 
 
-def build(name: str) -> Engine:
+def build(name: str, sources: Mapping[str, Path] | None = None, mode: str = "auto") -> Engine:
     """A fresh engine, not cached (what `get` caches); EngineUnavailable says why it cannot be built."""
     _load_builtin()
     if name not in _FACTORIES:
         raise ValueError(f"unknown engine {name!r}; known: {sorted(_FACTORIES)}")
-    return _FACTORIES[name]()
+    pin = _PINS.get(name)
+    if pin is None:
+        return _FACTORIES[name]()
+    from k3num.supply import fetch
+
+    src = fetch.source_of(pin, dict(sources or {}))
+    missing = fetch.missing_files(src)
+    if src.local is not None and missing:
+        raise EngineUnavailable(f"{pin}: the local tree {src.local} (--engine-src) lacks {missing}")
+    try:  # source mode checks the cache against its pins (supply.fetch.verified_manifest)
+        return _FACTORIES[name](src, mode)
+    except fetch.FetchError as e:
+        raise EngineUnavailable(str(e)) from e
 
 
 # the real engines: registry name -> (adapter module, factory); built only when first asked for
@@ -78,25 +110,13 @@ def _load_builtin() -> None:
         register("mirror", mirror.build)
     for name, (module, attr) in _REAL.items():
         if name not in _FACTORIES:
-            register(name, _lazy(module, attr, name.split("-")[0]), default=True)
+            register(name, _lazy(module, attr), default=True, pin=name.split("-")[0])
 
 
-def _lazy(module: str, attr: str, pin: str) -> Factory:
-    def factory() -> Engine:
+def _lazy(module: str, attr: str) -> Factory:
+    def factory(src: Any, mode: str) -> Engine:
         import importlib
 
-        from k3num.supply import fetch
-
-        try:
-            local = fetch.local_sources().get(pin)
-        except ValueError as e:
-            raise EngineUnavailable(str(e)) from e
-        missing = fetch.missing_files(pin)
-        if local is not None and missing:
-            raise EngineUnavailable(f"{pin}: the local tree {local} (K3NUM_ENGINE_SRC) lacks {missing}")
-        try:  # source mode checks the cache against its pins (supply.fetch.verified_manifest)
-            return getattr(importlib.import_module(module), attr)()
-        except fetch.FetchError as e:
-            raise EngineUnavailable(str(e)) from e
+        return getattr(importlib.import_module(module), attr)(src, mode)
 
     return factory

@@ -53,12 +53,13 @@ IMPORT_STANDINS = ("real: the installed kernels and functions; stand-in: the RMS
 PAIRS_SIGNATURE = ["src_layer_ids", "dst_layer_ids", "n_src", "n_dst", "allow_positional_fallback"]
 
 
-def build() -> base.Engine:
-    root = fetch.source_dir("sglang")
-    inst, note = installed.select("sglang", IMPORT_MODULES, ())
+def build(src: fetch.Source, mode: str) -> base.Engine:
+    """SGLang's subjects, read from `src` (the pinned cache or a local tree) in `mode` (--engine-mode)."""
+    root = src.root
+    inst, note = installed.select(src, mode, IMPORT_MODULES, ())
     if inst is not None:
         return _build_imported(inst)
-    if not fetch.verified_manifest("sglang"):
+    if not fetch.verified_manifest(src):
         raise EngineUnavailable(f"sglang {PIN.version} source is not in {root}: run `k3num fetch sglang`")
     path = root / UTILS_PY
     try:
@@ -79,8 +80,8 @@ def build() -> base.Engine:
         unsharded, kv_only = _bind_dflash(root / DFLASH_PY, {"torch": torch})
     except source.SourceError as e:
         raise EngineUnavailable(f"sglang {PIN.version}: {e}") from e
-    m = fetch.verified_manifest("sglang")
-    return _engine(fetch.version_label("sglang"), "source-interpreter" if interpret else "source-gpu", STANDINS,
+    m = fetch.verified_manifest(src)
+    return _engine(src.version, "source-interpreter" if interpret else "source-gpu", STANDINS,
                    mod, fkw, pairs, unsharded, kv_only, lambda rel: m[rel], interpret, note, _kv_transfer(root),
                    fkm.FusedKVMaterializeHelper)
 

@@ -98,10 +98,11 @@ IMPORT_OPS = ("real: tokenspeed_kernel apply_k_rope, segmented_rmsnorm (the inst
               "ReplicatedLinear (torch linear), RMSNorm layer (fp32 math, one rounding)")
 
 
-def build() -> base.Engine:
-    root = fetch.source_dir("tokenspeed")
-    inst, note = installed.select("tokenspeed", (MODEL_PY, CONTEXT_PY), ())
-    if inst is None and not fetch.verified_manifest("tokenspeed"):
+def build(src: fetch.Source, mode: str) -> base.Engine:
+    """TokenSpeed's subjects, read from `src` (the pinned cache or a local tree) in `mode` (--engine-mode)."""
+    root = src.root
+    inst, note = installed.select(src, mode, (MODEL_PY, CONTEXT_PY), ())
+    if inst is None and not fetch.verified_manifest(src):
         raise EngineUnavailable(f"tokenspeed {PIN.version} source is not in {root}: run `k3num fetch tokenspeed`")
     files = inst.root if inst else root
     model_py, context_py = files / MODEL_PY, files / CONTEXT_PY
@@ -204,8 +205,8 @@ def build() -> base.Engine:
             model._fc_norm_weight = fc_norm.contiguous()
         return lifted["hidden"](model, taps.permute(1, 0, 2).reshape(n, k * h).contiguous())
 
-    sha = inst.sha256(MODEL_PY) if inst else fetch.verified_manifest("tokenspeed")[MODEL_PY]
-    sha_of = inst.sha256 if inst else (lambda rel: fetch.verified_manifest("tokenspeed")[rel])
+    sha = inst.sha256(MODEL_PY) if inst else fetch.verified_manifest(src)[MODEL_PY]
+    sha_of = inst.sha256 if inst else (lambda rel: fetch.verified_manifest(src)[rel])
     extras: dict[str, Any] = {
         "tap_owner": owner,
         # the roundings inside the sharded path that the property's budget must count (model.py):
@@ -222,18 +223,18 @@ def build() -> base.Engine:
         "pp_taps": attn.pp_taps, "pp_taps_standins": tokenspeed_attn_res.STANDINS, "pp_taps_hidden": True,
     }
     real = IMPORT_OPS if inst else STANDIN_OPS
-    mode = "import" if inst else "source-lifted"
+    run_mode = "import" if inst else "source-lifted"
     notes = [note, kern_note]
     if kern is not None:
         extras["context_kv_ops"] = _Ops(kern)
         extras["project_unsharded_fc_norm"] = unsharded_fc_norm
         extras["segmented_rmsnorm"] = kern.segmented_rmsnorm
-        mode = "source-interpreter" if interpret else "source-gpu"
+        run_mode = "source-interpreter" if interpret else "source-gpu"
         real = KERNEL_OPS
         notes += [kern.note, *((triton_support.NEAREST_EVEN_ADAPTATION,) if interpret else ())]
     return base.Engine(
-        name="tokenspeed", version=inst.version if inst else fetch.version_label("tokenspeed"),
-        mode=mode, real_ops=real, mode_note="; ".join(filter(None, notes)),
+        name="tokenspeed", version=inst.version if inst else src.version,
+        mode=run_mode, real_ops=real, mode_note="; ".join(filter(None, notes)),
         subjects={base.STAGE_PARTIAL: stage_partial, base.FINALIZE_PROJECTION: finalize,
                   base.PROJECT_UNSHARDED: unsharded, base.CONTEXT_KV_UNFUSED: context_kv,
                   base.ATTN_RES: attn.attn_res, base.AUX_CAPTURE: attn.aux_capture},

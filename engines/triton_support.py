@@ -12,13 +12,13 @@
 from __future__ import annotations
 
 import ast
-import os
 import sys
 from typing import Any
 
 import torch
 
 from k3num.engines.registry import EngineUnavailable
+from k3num.supply import env
 
 # the extra of this project that installs triton (pyproject.toml)
 TRITON_EXTRA = "test"
@@ -27,13 +27,13 @@ TRITON_EXTRA = "test"
 def require_interpreter() -> None:
     """TRITON_INTERPRET must be set before triton is first imported (triton.language's own
     jit helpers are decorated at import); the pytest plugin (k3num.harness.plugin) sets it on machines without CUDA."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    if env.get("TRITON_INTERPRET") != "1":
         if "triton" in sys.modules:
             raise EngineUnavailable(
                 "no CUDA device, and triton was imported before TRITON_INTERPRET=1 was set: "
                 "set TRITON_INTERPRET=1 in the environment to run the Triton kernels under the interpreter"
             )
-        os.environ["TRITON_INTERPRET"] = "1"
+        env.put("TRITON_INTERPRET", "1")
 
 
 def triton_modules(engine: str) -> tuple[Any, Any]:

@@ -17,7 +17,6 @@ drift; 2: could not run (a bad --head, --base or --engine, a failed run, nothing
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from k3num.oracles import ledger, pairing
-from k3num.supply import fetch
+from k3num.supply import env, fetch
 
 ENGINES = ("vllm", "vllm-rocm", "sglang", "tokenspeed")  # the registry names with a pinned source
 
@@ -241,7 +240,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("examples.csv", "records.csv", "check.md", "check.csv", "unpaired.csv"):
         (out / stale).unlink(missing_ok=True)
-    env = {**os.environ, "K3NUM_ENGINE_MODE": "source"}
+    child_env = env.child({"K3NUM_ENGINE_MODE": "source"})
     split = two_processes(args, head, base)
     unpaired = pd.DataFrame(columns=["node", "example", "why"])
     if split:
@@ -250,7 +249,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         for side, tree in (("head", head), ("base", None if base == "pinned" else Path(base))):
             d = out / f"side-{side}"
             print(f"[check] the {side}'s run", file=sys.stderr)
-            rc = _run(side_command(args, pin, tree, side, d), env, d, args.k)
+            rc = _run(side_command(args, pin, tree, side, d), child_env, d, args.k)
             if rc:
                 return rc
             sides[side] = (pd.read_csv(d / "examples.csv", keep_default_na=False),
@@ -263,7 +262,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     else:
         print(f"[check] {args.engine}: head {head} against base {base}; running the paired properties",
               file=sys.stderr)
-        rc = _run(pytest_command(args, pin, head, base, out), env, out, args.k)
+        rc = _run(pytest_command(args, pin, head, base, out), child_env, out, args.k)
         if rc:
             return rc
         examples = pd.read_csv(out / "examples.csv", keep_default_na=False)

@@ -25,7 +25,7 @@ import hashlib
 import sys
 from pathlib import Path
 
-from k3num.supply import fetch
+from k3num.supply import env, fetch
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
@@ -57,17 +57,24 @@ def fetch_targets() -> list[str]:
             + sorted({f"{b.engine}-bin" for b in fetch.BINARIES.values()}))
 
 
+def _sources(items: list[str]) -> dict[str, Path]:
+    """--engine-src NAME=PATH items over the trees this process was started with (K3NUM_ENGINE_SRC, read at
+    the boundary: harness/run.py); ValueError naming the bad item."""
+    from k3num.harness import run
+
+    try:
+        return {**run.RunContext.from_env().sources, **fetch.parse_sources(items)}
+    except ValueError as e:
+        raise ValueError(f"--engine-src: {e}") from None
+
+
 def cmd_build_ops(args: argparse.Namespace) -> int:
     """Exit 0 built (or cached), 2 when it cannot build here (no CUDA, a checkout missing files or with a
     changed schema, a compile error), each with its reason."""
-    import os
-
     from k3num.supply import cuda_ops
 
-    if args.engine_src:
-        os.environ[fetch.ENGINE_SRC_ENV] = ",".join(args.engine_src)
     try:
-        local = fetch.local_sources()
+        local = _sources(args.engine_src)
         unknown = sorted(set(local) - {"vllm"})
         if unknown:
             raise ValueError(f"--engine-src {unknown[0]}: build-ops builds vLLM's ops only (--engine-src vllm=PATH)")
@@ -98,17 +105,13 @@ def cmd_golden_write(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    import os
-
     from k3num.harness import repro
 
-    if args.engine_src:
-        os.environ[fetch.ENGINE_SRC_ENV] = ",".join(args.engine_src)
     if args.device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton's first import, as the plugin does
+        env.put_default("TRITON_INTERPRET", "1")  # before triton's first import, as the plugin does
     try:
-        fetch.local_sources()
-        passed, line = repro.replay(Path(args.bundle), device=args.device)
+        sources = _sources(args.engine_src)
+        passed, line = repro.replay(Path(args.bundle), device=args.device, sources=sources)
     except (repro.NotReplayable, ValueError, OSError) as e:
         print(f"[replay] ERROR: {e}", file=sys.stderr)
         return 2

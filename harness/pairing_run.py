@@ -26,12 +26,9 @@ Shapes: none; this module moves records, it computes nothing.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import hashlib
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +41,6 @@ from k3num.engines.base import Engine
 from k3num.harness import oracle_memo, side_cases
 from k3num.oracles import pairing
 from k3num.oracles.drift import COLLECTOR
-from k3num.supply import fetch
 
 CONFIRM = 3  # reruns of the base on a case only the head failed (below)
 # read by properties/support.py: the base's pass neither steers nor bundles; with --check-side nothing steers
@@ -106,23 +102,6 @@ def pytest_configure(config: pytest.Config) -> None:
     oracle_memo.install()
 
 
-@contextlib.contextmanager
-def _source(pin: str, tree: str | None) -> Iterator[None]:
-    """K3NUM_ENGINE_SRC with `pin` read from `tree` (None: the pinned cache), restored afterwards."""
-    before = os.environ.get(fetch.ENGINE_SRC_ENV)
-    items = [i for i in (before or "").split(",") if i.strip() and i.partition("=")[0].strip() != pin]
-    if tree is not None:
-        items.append(f"{pin}={tree}")
-    os.environ[fetch.ENGINE_SRC_ENV] = ",".join(items)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(fetch.ENGINE_SRC_ENV, None)
-        else:
-            os.environ[fetch.ENGINE_SRC_ENV] = before
-
-
 def base_for(config: pytest.Config, head: Engine) -> Engine:
     """The base engine paired with `head` (built once); a base that cannot be built skips the test."""
     if head.name in _BASES:
@@ -132,8 +111,11 @@ def base_for(config: pytest.Config, head: Engine) -> Engine:
         if spec.startswith("engine:"):
             built = registry.build(spec.split(":", 1)[1])
         else:
-            with _source(head.name.split("-")[0], None if spec == "pinned" else str(Path(spec).resolve())):
-                built = registry.build(head.name)
+            from k3num.harness.plugin import RUN
+
+            ctx = config.stash[RUN].with_source(head.name.split("-")[0],
+                                                None if spec == "pinned" else Path(spec).resolve())
+            built = registry.build(head.name, ctx.sources, ctx.engine_mode)
     except registry.EngineUnavailable as e:
         pytest.skip(f"base of {head.name} unavailable: {e}")
     if "+ops" in built.mode or built.mode == "import":

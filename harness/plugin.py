@@ -33,22 +33,23 @@ import sys
 from pathlib import Path
 
 from k3num.harness import scaleout
+from k3num.supply import env
 
 # pytest-xdist: each worker sees one GPU, chosen before CUDA starts in this process (the controller
 # exported the GPUs it may use; see harness/scaleout.py)
-_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
-if _WORKER and os.environ.get(scaleout.GPUS_ENV):
+_WORKER = env.get("PYTEST_XDIST_WORKER")
+if _WORKER and env.get("K3NUM_GPUS"):
     if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
         raise RuntimeError(f"xdist worker {_WORKER}: CUDA was initialised before the k3num plugin could choose "
                            "its GPU (a plugin imported torch and touched CUDA); run without -n or drop that plugin")
-    os.environ["CUDA_VISIBLE_DEVICES"] = scaleout.gpu_for_worker(_WORKER, os.environ[scaleout.GPUS_ENV].split(","))
+    env.put("CUDA_VISIBLE_DEVICES", scaleout.gpu_for_worker(_WORKER, (env.get("K3NUM_GPUS") or "").split(",")))
 
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, settings
 
 from k3num.engines import registry
-from k3num.harness import accounting, isolation
+from k3num.harness import accounting, isolation, run
 from k3num.oracles import ledger
 from k3num.oracles.drift import COLLECTOR
 
@@ -59,12 +60,11 @@ pytest_plugins = ["k3num.harness.run_isolation", "k3num.harness.run_summary", "k
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 if not _WORKER and torch.cuda.is_available():
-    os.environ[scaleout.GPUS_ENV] = ",".join(
-        scaleout.visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count()))
+    env.put("K3NUM_GPUS", ",".join(scaleout.visible_gpus(env.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count())))
 if not torch.cuda.is_available():
     # Triton kernels of the real engines run under the interpreter here; it must be chosen
     # before triton is first imported (see engines.triton_support.require_interpreter)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    env.put_default("TRITON_INTERPRET", "1")
 
 # every profile is built on hypothesis's own "default" profile, not on settings.default: where the CI
 # environment variable is set (GitHub Actions, GitLab, most nightly runners) hypothesis makes its CI
@@ -94,7 +94,7 @@ MARKERS = (
 )
 
 
-OWN_TESTS_ENV = "K3NUM_OWN_TESTS"  # more folders whose tests the plugin treats as the harness's own
+RUN = pytest.StashKey[run.RunContext]()  # the run's context (harness/run.py), built in pytest_configure
 
 
 @functools.cache
@@ -107,7 +107,7 @@ def _own_dirs() -> tuple[str, ...]:
     spec = importlib.util.find_spec("k3num.properties")
     dirs = [Path(p).resolve() for p in (spec.submodule_search_locations or [])] if spec else []
     # your own tests written against k3num.api: the ledger, the gpu skips and the isolation apply there too
-    dirs += [Path(p).expanduser().resolve() for p in os.environ.get(OWN_TESTS_ENV, "").split(os.pathsep) if p]
+    dirs += [Path(p).expanduser().resolve() for p in (env.get("K3NUM_OWN_TESTS") or "").split(os.pathsep) if p]
     checkout = Path(__file__).resolve().parents[1]
     if (checkout / "pyproject.toml").is_file() and (checkout / "k3num").is_dir():
         dirs.append(checkout)
@@ -273,72 +273,79 @@ def pytest_configure(config: pytest.Config) -> None:
 
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
-    _shards(config)  # a bad value fails before collection
+    ctx = config.stash[RUN] = run.install(_context(config))  # a bad value fails here, before collection
     _resolve_drift_dir(config)
 
-    from k3num.supply import fetch
-
     config._k3num_started = datetime.datetime.now(datetime.timezone.utc)  # type: ignore[attr-defined]
-    srcs = config.getoption("--engine-src")
-    if srcs:
-        os.environ[fetch.ENGINE_SRC_ENV] = ",".join(filter(None, [os.environ.get(fetch.ENGINE_SRC_ENV, ""), *srcs]))
-    try:
-        fetch.local_sources()
-    except ValueError as e:
-        raise pytest.UsageError(f"--engine-src: {e}") from e
-    mode = config.getoption("--engine-mode")
-    if mode is not None:
-        os.environ["K3NUM_ENGINE_MODE"] = mode
-    from k3num.supply import installed
-
-    try:
-        installed.requested()
-    except ValueError as e:
-        raise pytest.UsageError(str(e)) from e
     csv = config.getoption("--drift-csv")
     if csv and _is_controller(config):  # partial files of an earlier run must not join this one
         for p in scaleout.partial_paths(csv):
             p.unlink()
-    if _is_controller(config) and not os.environ.get(isolation.RUNDIR_ENV):  # before xdist starts workers
+    if _is_controller(config) and not env.get("K3NUM_RUNDIR"):  # before xdist starts workers
         import tempfile
 
-        os.environ[isolation.RUNDIR_ENV] = tempfile.mkdtemp(prefix="k3num-run-")
-    repro_dir = config.getoption("--repro-dir")
-    if repro_dir is not None:
-        os.environ["K3NUM_REPRO_DIR"] = repro_dir
-    elif config.getoption("--repro-all"):
-        raise pytest.UsageError("--repro-all: needs --repro-dir DIR")
-    if config.getoption("--repro-all"):
-        os.environ["K3NUM_REPRO_ALL"] = "1"
-    ck = config.getoption("--checkpoint")
-    if ck is not None:
+        env.put("K3NUM_RUNDIR", tempfile.mkdtemp(prefix="k3num-run-"))
+    if ctx.checkpoint and not hasattr(config, "workerinput"):
         from k3num.fixtures import checkpoint
 
         try:
-            checkpoint.open_checkpoint(ck).validate()
+            checkpoint.open_checkpoint(ctx.checkpoint).validate()
         except checkpoint.CheckpointError as e:
             raise pytest.UsageError(f"--checkpoint: {e}") from e
-        os.environ["K3NUM_CHECKPOINT"] = ck
-    gold = config.getoption("--golden")
-    if gold is not None:
-        from pathlib import Path
-
+    if ctx.golden and not hasattr(config, "workerinput"):
         from k3num.fixtures import golden
 
         try:
-            golden.load_manifest(Path(gold))
+            golden.load_manifest(Path(ctx.golden))
         except golden.GoldenError as e:
             raise pytest.UsageError(f"--golden: {e}") from e
-        os.environ["K3NUM_GOLDEN"] = gold
-    dev = config.getoption("--device")
-    if dev is not None:
-        os.environ["K3NUM_DEVICE"] = dev
-    from k3num.fixtures import device
 
-    try:  # properties.support takes it when first imported
-        device.resolve()
+
+def _context(config: pytest.Config) -> run.RunContext:
+    """The run's context: the options, over what this process was started with (a process another
+    started: harness/run.py's from_env); a bad value is a usage error naming the option."""
+    import dataclasses
+
+    from k3num.fixtures import device
+    from k3num.supply import fetch
+
+    try:
+        started = run.RunContext.from_env()
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from e
+    try:
+        sources = {**started.sources, **fetch.parse_sources(config.getoption("--engine-src") or [])}
+    except ValueError as e:
+        raise pytest.UsageError(f"--engine-src: {e}") from e
+    repro_dir = config.getoption("--repro-dir")
+    if config.getoption("--repro-all") and repro_dir is None:
+        raise pytest.UsageError("--repro-all: needs --repro-dir DIR")
+    raw_shards = config.getoption("--shards")
+    try:
+        shards = started.shards if raw_shards is None else int(raw_shards)
+    except ValueError:
+        shards = 0
+    if shards < 1:
+        raise pytest.UsageError(f"--shards / $K3NUM_SHARDS: expected a positive int, got {raw_shards!r}")
+    opt = {k: config.getoption(f) for k, f in (("engine_mode", "--engine-mode"), ("checkpoint", "--checkpoint"),
+                                               ("golden", "--golden"), ("device", "--device"))}
+    try:
+        ctx = dataclasses.replace(started, sources=sources, shards=shards,
+                                  **{k: v for k, v in opt.items() if v is not None},
+                                  **({"repro_dir": repro_dir} if repro_dir is not None else {}),
+                                  repro_all=bool(config.getoption("--repro-all")) or started.repro_all)
+    except ValueError as e:
+        raise pytest.UsageError(f"--engine-mode: {e}") from e
+    try:
+        return dataclasses.replace(ctx, device=device.resolve(ctx.device))
     except ValueError as e:
         raise pytest.UsageError(f"--device: {e}") from e
+
+
+@pytest.fixture(scope="session")
+def k3num_run(request: pytest.FixtureRequest) -> run.RunContext:
+    """The run's context (harness/run.py): the engines' sources, the engine mode, the device, ..."""
+    return request.config.stash[RUN]
 
 
 def _engine_names(config: pytest.Config) -> list[str]:
@@ -366,23 +373,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "engine" in metafunc.fixturenames and _uses_our_engine_fixture(metafunc):
         names = _engine_names(metafunc.config)
         metafunc.parametrize("engine", names, ids=names, indirect=True, scope="session")
-    n = _shards(metafunc.config)
+    n = metafunc.config.stash[RUN].shards
     if n > 1 and "shard" in metafunc.fixturenames and metafunc.definition.get_closest_marker("shardable"):
         shards = [scaleout.Shard(i, n) for i in range(n)]
         metafunc.parametrize("shard", shards, ids=[s.id for s in shards])
-
-
-def _shards(config: pytest.Config) -> int:
-    """--shards, else $K3NUM_SHARDS, else 1; anything but a positive int is a usage error."""
-    raw = config.getoption("--shards")
-    raw = os.environ.get(scaleout.SHARDS_ENV, "1") if raw is None else raw
-    try:
-        n = int(raw)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise pytest.UsageError(f"--shards / ${scaleout.SHARDS_ENV}: expected a positive int, got {raw!r}")
-    return n
 
 
 @pytest.fixture
@@ -393,7 +387,7 @@ def shard() -> scaleout.Shard:
 
 def _split_budgets(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under --shards N, each shard of a `shardable` property runs max_examples/N (rounded up) examples."""
-    n = _shards(config)
+    n = config.stash[RUN].shards
     if n <= 1:
         return
     done: set[int] = set()
@@ -414,8 +408,9 @@ def _split_budgets(config: pytest.Config, items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def engine(request: pytest.FixtureRequest):
     """The engine under test (from --engine); unavailable engines skip with the reason."""
+    ctx = request.config.stash[RUN]
     try:
-        return registry.get(request.param)
+        return registry.get(request.param, ctx.sources, ctx.engine_mode)
     except registry.EngineUnavailable as e:
         pytest.skip(f"engine {request.param} unavailable: {e}")
 
@@ -447,9 +442,9 @@ def _csv_target(config: pytest.Config) -> str | None:
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """`-n auto`: one worker per visible GPU (times K3NUM_WORKERS_PER_GPU); xdist's default on a CPU machine."""
-    gpus = os.environ.get(scaleout.GPUS_ENV, "")
+    gpus = env.get("K3NUM_GPUS") or ""
     try:
-        return scaleout.auto_workers(len([g for g in gpus.split(",") if g]), os.environ.get(scaleout.PER_GPU_ENV))
+        return scaleout.auto_workers(len([g for g in gpus.split(",") if g]), env.get("K3NUM_WORKERS_PER_GPU"))
     except ValueError as e:
         raise pytest.UsageError(str(e)) from e
 
@@ -493,7 +488,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if _csv_target(config):
             COLLECTOR.write_csv(_csv_target(config))
         config.workeroutput["k3num_bound"] = _bound()  # type: ignore[attr-defined]
-        config.workeroutput["k3num_gpu"] = os.environ.get("CUDA_VISIBLE_DEVICES", "")  # type: ignore[attr-defined]
+        config.workeroutput["k3num_gpu"] = env.get("CUDA_VISIBLE_DEVICES") or ""  # type: ignore[attr-defined]
         config.workeroutput["k3num_examples"] = dict(_EXAMPLES)  # type: ignore[attr-defined]
         return
     path = config.getoption("--drift-csv")
@@ -523,7 +518,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _link_latest(config, path)
 
 
-RESOLVED_CSV_ENV = "K3NUM_RUN_CSV"  # the controller's choice of --drift-dir's file, for its xdist workers
 
 
 def _resolve_drift_dir(config: pytest.Config) -> None:
@@ -533,14 +527,14 @@ def _resolve_drift_dir(config: pytest.Config) -> None:
         return
     if config.getoption("--drift-csv"):
         raise pytest.UsageError("--drift-dir and --drift-csv: give one (--drift-csv names the file itself)")
-    if _WORKER and os.environ.get(RESOLVED_CSV_ENV):
-        config.option.drift_csv = os.environ[RESOLVED_CSV_ENV]
+    if _WORKER and env.get("K3NUM_RUN_CSV"):  # the controller's choice, for its xdist workers
+        config.option.drift_csv = env.get("K3NUM_RUN_CSV")
         return
     import datetime
 
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     config.option.drift_csv = str(Path(ddir) / "runs" / f"drift-{stamp}.csv")
-    os.environ[RESOLVED_CSV_ENV] = config.option.drift_csv
+    env.put("K3NUM_RUN_CSV", config.option.drift_csv)
 
 
 def _link_latest(config: pytest.Config, csv: str) -> None:
@@ -611,7 +605,7 @@ def _run_meta(config: pytest.Config, examples: dict[str, int], bound: list[str])
                                     capture_output=True, text=True, timeout=10).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         commit, dirty = "", False
-    dev = os.environ.get("K3NUM_DEVICE", "cuda" if torch.cuda.is_available() else "cpu")
+    dev = config.stash[RUN].device
     if dev.startswith("cuda") and torch.cuda.is_available():
         device_name = torch.cuda.get_device_name(0)
     else:
@@ -633,7 +627,7 @@ def _run_meta(config: pytest.Config, examples: dict[str, int], bound: list[str])
         "torch": torch.__version__,
         "command": " ".join(["pytest", *config.invocation_params.args]),
         "engines": sorted(bound),
-        "repro_dir": os.environ.get("K3NUM_REPRO_DIR", ""),
+        "repro_dir": config.stash[RUN].repro_dir,
         "examples": dict(sorted(examples.items())),
     }
 
@@ -682,7 +676,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         pin = PINS.get(name.split("-")[0])
         # the mode the engine's build takes here (ledger entries can be limited to modes)
-        mode = installed.expected_mode(pin.engine) if pin else "reference"
+        ctx = config.stash[RUN]
+        mode = installed.expected_mode(ctx.source(pin.engine), ctx.engine_mode) if pin else "reference"
         test = getattr(item, "originalname", item.name)
         found = ledger.lookup_all(name, pin.version, test, mode) if pin else []
         if checking:  # the entry filed on the pinned release names a known failure; nothing is marked
@@ -690,7 +685,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         # an entry applies while its files are the pinned bytes: a tree that changed one of them (a fix, a
         # patch) is judged plainly, a tree that changed only other files of the engine keeps the entry
-        found = [d for d in found if pin is not None and applies.setdefault(d.id, pinned_files(pin.engine, d.files))]
+        found = [d for d in found if pin is not None
+                 and applies.setdefault(d.id, pinned_files(ctx.source(pin.engine), d.files))]
         if not found:
             continue
         item.k3num_ledger = found[0].id  # type: ignore[attr-defined]  # read by _ledger_context

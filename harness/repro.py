@@ -310,8 +310,9 @@ def f64_agrees(stored: torch.Tensor, computed: torch.Tensor, reduction_len: int)
     return bool(diff.numel() == 0 or diff.max().item() <= tol)
 
 
-def replay(path: Path, device: str = "cpu") -> tuple[bool, str]:
-    """(passed, the verdict line) of the bundle's comparison rerun on the engine here."""
+def replay(path: Path, device: str = "cpu", sources: dict[str, Path] | None = None) -> tuple[bool, str]:
+    """(passed, the verdict line) of the bundle's comparison rerun on the engine here, its files read from
+    `sources` (pin name -> local tree, --engine-src; absent: the pinned cache)."""
     from k3num.engines import registry
     from k3num.harness import judges
     from k3num.oracles import hunt
@@ -320,7 +321,7 @@ def replay(path: Path, device: str = "cpu") -> tuple[bool, str]:
     meta, tensors = load(path)
     c = _checked(meta, tensors, device)  # nothing of the file is used before this has passed
     try:
-        engine = registry.get(c["engine"])
+        engine = registry.get(c["engine"], sources)
     except registry.EngineUnavailable as e:
         raise NotReplayable(f"engine {c['engine']} is not available here: {e}") from None
     fn = engine.subjects.get(c["subject"]) or engine.extras.get(c["subject"])

@@ -15,6 +15,7 @@ from k3num.harness import isolation
 from k3num.harness.plugin import _WORKER, _ours
 from k3num.oracles.drift import COLLECTOR
 from k3num.oracles.records import not_run as not_run_record
+from k3num.supply import env
 
 # K3NUM_MEMORY_LOG=PATH: one CSV line per test with its CUDA memory (the GPU isolation proof,
 # scripts/gpu_isolation.py): the peak allocated during the test, and what is still allocated after its
@@ -24,7 +25,7 @@ MEMORY_LOG_ENV = "K3NUM_MEMORY_LOG"
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    path = os.environ.get(MEMORY_LOG_ENV)
+    path = env.get("K3NUM_MEMORY_LOG")
     cuda = bool(path) and torch.cuda.is_available()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -78,7 +79,7 @@ def _replace_this_worker(config: pytest.Config) -> None:
     import json
 
     node, why = config._k3num_lost  # type: ignore[attr-defined]
-    rundir = os.environ.get(RUNDIR_ENV)
+    rundir = env.get("K3NUM_RUNDIR")
     if rundir:
         with open(os.path.join(rundir, f"lost-{_WORKER}.json"), "w") as fh:
             json.dump({"worker": _WORKER, "node": node, "why": why}, fh)
@@ -93,7 +94,7 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched) -> 
     which test) crashed on purpose; that test's failure stands, the crash report becomes a silent one."""
     import json
 
-    rundir = os.environ.get(RUNDIR_ENV)
+    rundir = env.get("K3NUM_RUNDIR")
     worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "")
     note = os.path.join(rundir, f"lost-{worker}.json") if rundir and worker else ""
     if not note or not os.path.exists(note):

@@ -63,12 +63,9 @@ def _named_engines(config: pytest.Config) -> list[str]:
     opt = config.getoption("--engine")
     if opt:
         return [n.strip() for n in opt.split(",") if n.strip()]
-    from k3num.supply import fetch
+    from k3num.harness.plugin import RUN
 
-    try:
-        pins = set(fetch.local_sources())
-    except ValueError:
-        return []
+    pins = set(config.stash[RUN].sources)
     return [n for n in registry.known() if n.split("-")[0] in pins]
 
 

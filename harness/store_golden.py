@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from k3num.supply import env
 
 LOW = torch.bfloat16
 EPS, OUT_EPS = 1e-5, 1e-6
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "capture":
         print(f"[stores] {capture(args.out)}")
         return 0
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    env.put_default("TRITON_INTERPRET", "1")
     rows = check(args.file)
     for r in rows:
         print(f"{r['case']:60s} {r['store']:7s} {r['differ']:6d} of {r['numel']:7d} differ, max {r['max_ulps']} ulp")

@@ -54,19 +54,25 @@ class _Platform:
 NEAREST = _Platform()  # pass where a judge takes an engine and your code rounds to nearest even
 
 
-def device() -> str:
-    """The device the suite puts tensors on: K3NUM_DEVICE, else cuda where there is one, else cpu."""
+def device(ctx: Any = None) -> str:
+    """The device the suite puts tensors on: the run's `--device` (the `k3num_run` fixture's context; without
+    one, the context this process was started with: K3NUM_DEVICE), else cuda where there is one, else cpu."""
     from k3num.fixtures import device as dev
+    from k3num.harness import run
 
-    return dev.resolve()
+    return dev.resolve((ctx or run.current()).device)
 
 
-def engine(name: str) -> Any:
-    """An engine of the harness (mirror, vllm, vllm-rocm, sglang, tokenspeed) with its subjects bound;
-    `engines.registry.EngineUnavailable` says why one cannot be had here."""
+def engine(name: str, ctx: Any = None) -> Any:
+    """An engine of the harness (mirror, vllm, vllm-rocm, sglang, tokenspeed) with its subjects bound, read
+    from the run's sources (`ctx`: the `k3num_run` fixture's context, with `--engine-src`; without one, the
+    context this process was started with: K3NUM_ENGINE_SRC); `engines.registry.EngineUnavailable` says
+    why one cannot be had here."""
     from k3num.engines import registry
+    from k3num.harness import run
 
-    return registry.get(name)
+    ctx = ctx or run.current()
+    return registry.get(name, ctx.sources, ctx.engine_mode)
 
 
 def assert_within_budget(actual: torch.Tensor, reference: torch.Tensor, budget: budgets.Budget, *, property: str,

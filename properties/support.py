@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from typing import Any
 
 import pytest
@@ -14,18 +13,19 @@ from hypothesis.control import currently_in_test_context
 
 from k3num.engines.base import Engine, Subject, SubjectMissing
 from k3num.fixtures import device
-from k3num.harness import isolation, pairing_run
+from k3num.harness import isolation, pairing_run, run
 from k3num.harness.judges import LOW, round_storage, up  # noqa: F401  (the properties' names for them)
 from k3num.oracles.drift import COLLECTOR
 from k3num.oracles.metrics import describe_mismatch
 from k3num.oracles.records import FAIL, Record, failure_message
 
-DEVICE = device.resolve()  # checked by the plugin before collection (--device)
+_RUN = run.current()  # the run's context (harness/run.py), installed by the plugin before this is imported
+DEVICE = device.resolve(_RUN.device)  # checked by the plugin before collection (--device)
 
 
-# repro bundles (harness/repro.py): --repro-dir sets K3NUM_REPRO_DIR, --repro-all K3NUM_REPRO_ALL
-REPRO_DIR = os.environ.get("K3NUM_REPRO_DIR", "")
-REPRO_ALL = os.environ.get("K3NUM_REPRO_ALL") == "1"
+# repro bundles (harness/repro.py): --repro-dir, --repro-all
+REPRO_DIR = _RUN.repro_dir
+REPRO_ALL = _RUN.repro_all
 _LAST: dict[str, tuple] = {}  # subject -> (cloned args, cloned kwargs, result, args, kwargs) of its last call
 _WORST: dict[tuple[str, str], float] = {}  # (property, engine) -> worst ratio bundled so far (--repro-all)
 if REPRO_DIR:
@@ -79,7 +79,7 @@ def _bundle(record: Record, tag: str) -> None:
     meta = {k: getattr(record, k) for k in ("engine", "engine_version", "mode", "source_sha256", "subject",
                                             "property", "detail", "seed", "budget", "budget_rule", "max_abs",
                                             "ratio", "verdict", "ledger")}
-    meta["node_id"] = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+    meta["node_id"] = COLLECTOR.node
     repro.write(Path(REPRO_DIR) / name, call=_LAST.get(record.subject), actual=record.extra["actual"],
                 reference=record.extra["reference"], meta=meta)
 

@@ -22,6 +22,7 @@ from k3num.engines import base
 from k3num.engines.mirror import context_kv as eager
 from k3num.fixtures import checkpoint as ckpt
 from k3num.fixtures.tensors import Draw
+from k3num.harness import run
 from k3num.harness.judges import EPS, OUT_EPS, attn_res_oracle
 from k3num.oracles import budgets
 from k3num.oracles.records import judge
@@ -31,7 +32,7 @@ from k3num.refmodel import mla, quant
 
 
 def _checkpoint(draft: bool | None = None) -> ckpt.Checkpoint:
-    c = ckpt.from_env()
+    c = ckpt.opened(run.current().checkpoint)
     if c is None:
         pytest.skip("no checkpoint: pass --checkpoint DIR (Hugging Face layout, model.safetensors.index.json)")
     if draft is True and not c.is_draft:

@@ -10,7 +10,6 @@ engine whose platform rounds otherwise (the Triton interpreter truncates) skips 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -19,17 +18,16 @@ import torch
 from k3num.engines import base
 from k3num.engines.mirror import context_kv as eager
 from k3num.fixtures import golden
+from k3num.harness import run
 from k3num.harness.judges import EPS, OUT_EPS, mixture_budget
 from k3num.oracles import budgets
 from k3num.oracles.records import judge
 from k3num.properties.support import DEVICE, LOW, report, subject, up
 from k3num.refmodel import geometry
 
-GOLDEN_ENV = "K3NUM_GOLDEN"
-
 
 def _params(kind: str) -> list:
-    root = os.environ.get(GOLDEN_ENV)
+    root = run.current().golden
     skip = pytest.mark.skip(reason="no golden set: pass --golden DIR (a set written by `k3num golden write`)")
     if not root:
         return [pytest.param(None, None, marks=skip, id="no-golden-set")]

@@ -30,23 +30,25 @@ def _test_function(name: str):
 
 
 @pytest.mark.parametrize("entry_id", [d.id for d in ledger.LEDGER])
-def test_each_ledger_reproducer_still_fails_on_the_pinned_release(entry_id: str, request: pytest.FixtureRequest):
+def test_each_ledger_reproducer_still_fails_on_the_pinned_release(entry_id: str, request: pytest.FixtureRequest,
+                                                                  k3num_run):
     entry = ledger.by_id(entry_id)
     assert entry is not None
     rule = CASES[entry_id]
     if entry.engine not in _engine_names(request.config):
         pytest.skip(f"{entry_id}: engine {entry.engine} not selected (--engine)")
     pin = fetch.PINS[entry.engine.split("-")[0]]
-    mode = installed.expected_mode(pin.engine)
+    src = k3num_run.source(pin.engine)
+    mode = installed.expected_mode(src, k3num_run.engine_mode)
     if entry.modes and mode not in entry.modes and mode.split("+", 1)[0] not in entry.modes:
         pytest.skip(f"{entry_id} is seen in modes {', '.join(entry.modes)} only; {entry.engine} runs {mode} here")
     try:
-        engine = registry.get(entry.engine)
+        engine = registry.get(entry.engine, k3num_run.sources, k3num_run.engine_mode)
     except registry.EngineUnavailable as e:
         pytest.skip(f"engine {entry.engine} unavailable: {e}")
     # the bare body: not the run's wrappers (the ledger's own would let the reproducer's failure pass)
     body = inspect.unwrap(_test_function(rule.test).hypothesis.inner_test)
-    pinned = fetch.pinned_files(pin.engine, entry.files)
+    pinned = fetch.pinned_files(src, entry.files)
     try:
         body(engine=engine, **rule.reproducer)
     except (pytest.fail.Exception, Exception) as e:  # the failure the entry describes, or another

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from k3num.supply import fetch
+from k3num.supply import env, fetch
 
 ENGINE = "vllm"
 # (op namespace, op name): the names vllm/_custom_ops.py calls
@@ -349,9 +349,9 @@ def _compile_unit(unit: Unit, csrc: Path, out: Path, gpu_arch: str, *, verbose: 
     unit_dir.mkdir(parents=True, exist_ok=True)
     reg = unit_dir / "k3num_registration.cpp"
     reg.write_text(registration_source((csrc / BINDINGS).read_text(), unit.ops))
-    os.environ["TORCH_CUDA_ARCH_LIST"] = f"{gpu_arch[:-1]}.{gpu_arch[-1]}"
+    env.put("TORCH_CUDA_ARCH_LIST", f"{gpu_arch[:-1]}.{gpu_arch[-1]}")  # read by torch's extension builder
     if jobs:
-        os.environ["MAX_JOBS"] = str(jobs)
+        env.put("MAX_JOBS", str(jobs))
     from torch.utils import cpp_extension
 
     log(f"[build-ops] compiling {', '.join(unit.sources)} + registration for sm_{gpu_arch}"

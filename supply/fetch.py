@@ -25,11 +25,10 @@ Processes share the cache: files are replaced atomically (temporary file, then o
 manifest last) and extraction, repair and the csrc extraction are serialised by `cache_lock`, so a
 reader never sees a half-written file and a waiting process finds the repair done.
 
-K3NUM_ENGINE_SRC="NAME=PATH[,NAME=PATH...]" (pytest: --engine-src NAME=PATH)
-points an engine at a local tree laid out like the installed package
-(PATH/vllm/models/kimi_k3/...) instead of the cache: a checkout, or a patch
-before it is merged. Its files are hashed as they are read; the engine's
-version reads `<pin>+local`.
+`--engine-src NAME=PATH` (K3NUM_ENGINE_SRC in a process started by another; harness/run.py) points
+an engine at a local tree laid out like the installed package (PATH/vllm/models/kimi_k3/...)
+instead of the cache: a checkout, or a patch before it is merged. It reaches this module as a
+`Source` argument. Its files are hashed as they are read; the engine's version reads `<pin>+local`.
 """
 
 from __future__ import annotations
@@ -50,6 +49,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from k3num.supply import env
 
 
 @dataclass(frozen=True)
@@ -147,61 +148,86 @@ Log = type(print)
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("K3NUM_ENGINE_CACHE") or Path.home() / ".cache" / "k3-numerics" / "engines")
+    """The engine cache: K3NUM_ENGINE_CACHE (a machine's setting, read at the process boundary), else
+    ~/.cache/k3-numerics/engines."""
+    return Path(env.get("K3NUM_ENGINE_CACHE") or Path.home() / ".cache" / "k3-numerics" / "engines")
 
 
-ENGINE_SRC_ENV = "K3NUM_ENGINE_SRC"
+@dataclass(frozen=True)
+class Source:
+    """Where one engine's files are read from: the hash-checked cache of its pin (`local` None), or a
+    local tree laid out like the installed package (`--engine-src NAME=PATH`: a checkout, a patch),
+    whose files are hashed as read and whose version reads `<pin>+local`. Every function below that
+    reads an engine's files takes one (or a pin name, meaning its cache), so which bytes a subject was
+    built from is an argument all the way down, never the environment at that moment."""
+
+    engine: str
+    local: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.engine not in PINS:
+            raise ValueError(f"unknown engine {self.engine!r}; pinned: {sorted(PINS)}")
+
+    @property
+    def root(self) -> Path:
+        if self.local is not None:
+            return self.local
+        pin = PINS[self.engine]
+        return cache_root() / f"{pin.engine}-{pin.version}"
+
+    @property
+    def version(self) -> str:
+        """The version the records carry: the pin's, or `<pin>+local` for a local tree."""
+        pin = PINS[self.engine]
+        return f"{pin.version}+local" if self.local is not None else pin.version
 
 
-def local_sources() -> dict[str, Path]:
-    """{engine: local tree} from K3NUM_ENGINE_SRC; ValueError naming the bad item."""
+def source(src: "Source | str") -> Source:
+    """A Source, or a pin name meaning its pinned cache."""
+    return src if isinstance(src, Source) else Source(src)
+
+
+def source_of(engine: str, sources: "dict[str, Path] | None") -> Source:
+    """The Source of pin `engine` in a run whose local trees are `sources` (pin name -> tree)."""
+    return Source(engine, (sources or {}).get(engine))
+
+
+def parse_sources(items: "Sequence[str] | str") -> dict[str, Path]:
+    """{engine: local tree} from NAME=PATH items (or one comma-separated string); ValueError naming the
+    bad item."""
     out: dict[str, Path] = {}
-    for item in (s.strip() for s in os.environ.get(ENGINE_SRC_ENV, "").split(",")):
+    flat = [items] if isinstance(items, str) else list(items)
+    for item in (s.strip() for part in flat for s in part.split(",")):
         if not item:
             continue
         name, sep, path = item.partition("=")
         if not sep or not name.strip() or not path.strip():
-            raise ValueError(f"{ENGINE_SRC_ENV}: expected NAME=PATH[,NAME=PATH...], got {item!r}")
+            raise ValueError(f"expected NAME=PATH[,NAME=PATH...], got {item!r}")
         name = name.strip()
         if name not in PINS:
-            raise ValueError(f"{ENGINE_SRC_ENV}: unknown engine {name!r} in {item!r}; known: {sorted(PINS)}")
+            raise ValueError(f"unknown engine {name!r} in {item!r}; known: {sorted(PINS)}")
         root = Path(path.strip()).expanduser()
         if not root.is_dir():
-            raise ValueError(f"{ENGINE_SRC_ENV}: {name}={path.strip()} is not a directory")
+            raise ValueError(f"{name}={path.strip()} is not a directory")
         out[name] = root.resolve()
     return out
 
 
-def source_dir(engine: str) -> Path:
-    """Where the engine's files are read from: its local tree (K3NUM_ENGINE_SRC) or the cache."""
-    local = local_sources().get(engine)
-    if local is not None:
-        return local
-    pin = PINS[engine]
-    return cache_root() / f"{pin.engine}-{pin.version}"
-
-
-def version_label(engine: str) -> str:
-    """The version the records carry: the pin's, or `<pin>+local` for a local tree."""
-    pin = PINS[engine]
-    return f"{pin.version}+local" if engine in local_sources() else pin.version
-
-
-def pinned_files(engine: str, files: tuple[str, ...]) -> bool:
+def pinned_files(src: "Source | str", files: tuple[str, ...]) -> bool:
     """Whether each of `files` is the pinned bytes in the source used: always for the cache (checked
     against its pins before use); for a local tree, each file's sha256 against the pinned manifest (no
     verified manifest to compare with: not the pinned bytes as far as anyone can tell)."""
-    pin = PINS[engine]
+    src = source(src)
+    pin = PINS[src.engine]
     unknown = [f for f in files if f not in pin.files]
     if unknown:
-        raise ValueError(f"{engine}: {unknown} are not files of the pin")
-    local = local_sources().get(engine)
-    if local is None:
+        raise ValueError(f"{src.engine}: {unknown} are not files of the pin")
+    if src.local is None:
         return True
     pinned = _pinned_manifest(pin)
     if pinned is None:
         return False
-    return all((local / rel).is_file() and sha256_of(local / rel) == pinned.get(rel) for rel in files)
+    return all((src.local / rel).is_file() and sha256_of(src.local / rel) == pinned.get(rel) for rel in files)
 
 
 def _pinned_manifest(pin: Pin) -> dict[str, str] | None:
@@ -215,9 +241,10 @@ def _pinned_manifest(pin: Pin) -> dict[str, str] | None:
         return None
 
 
-def missing_files(engine: str) -> list[str]:
+def missing_files(src: "Source | str") -> list[str]:
     """The pinned files the engine's source lacks (a local tree, or a cache not fetched)."""
-    return missing_in(engine, source_dir(engine))
+    src = source(src)
+    return missing_in(src.engine, src.root)
 
 
 def missing_in(engine: str, root: Path) -> list[str]:
@@ -233,14 +260,14 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def manifest(engine: str) -> dict[str, str]:
+def manifest(src: "Source | str") -> dict[str, str]:
     """{relative path: sha256} as MANIFEST.json records it, or {} when not fetched; for a local tree,
     the hashes of the files it has, computed now. Unchecked: source mode binds through
     `verified_manifest`."""
-    local = local_sources().get(engine)
-    if local is not None:
-        return {f: sha256_of(local / f) for f in PINS[engine].files if (local / f).is_file()}
-    path = source_dir(engine) / MANIFEST
+    src = source(src)
+    if src.local is not None:
+        return {f: sha256_of(src.local / f) for f in PINS[src.engine].files if (src.local / f).is_file()}
+    path = src.root / MANIFEST
     if not path.exists():
         return {}
     return dict(json.loads(path.read_text()))
@@ -257,7 +284,7 @@ def manifest_text(hashes: dict[str, str]) -> str:
 def cache_problems(engine: str) -> list[str] | None:
     """What in the engine's cache differs from the pinned bytes, one line per file ("PATH: expected
     sha256 X, found Y"); [] when all is as pinned; None when nothing was ever fetched."""
-    pin, root = PINS[engine], source_dir(engine)
+    pin, root = PINS[engine], Source(engine).root
     mpath = root / MANIFEST
     present = [f for f in pin.files if (root / f).exists()]
     if not mpath.exists():
@@ -385,16 +412,17 @@ def cache_lock(name: str, *, log: Log | None = None, wait_s: float = LOCK_WAIT_S
         os.close(fd)
 
 
-def verified_manifest(engine: str, *, log: Log = _warn) -> dict[str, str]:
+def verified_manifest(src: "Source | str", *, log: Log = _warn) -> dict[str, str]:
     """{relative path: sha256} of the bytes source mode will run; {} when nothing was ever fetched.
 
-    A local tree (K3NUM_ENGINE_SRC) is hashed as read. The cache is checked once per process:
+    A local tree (--engine-src) is hashed as read. The cache is checked once per process:
     any difference from the pinned bytes is repaired by re-extracting from the cached wheel
     (re-checked against its pin), or refused with FetchError naming each file, the sha256
     expected and the sha256 found. The edited bytes never run under the pinned version."""
-    if engine in local_sources():
-        return manifest(engine)
-    root = source_dir(engine)
+    src = source(src)
+    if src.local is not None:
+        return manifest(src)
+    engine, root = src.engine, src.root
     key = (engine, root)
     if key in _VERIFIED:
         return _VERIFIED[key]
@@ -508,7 +536,7 @@ def fetch(engine: str, *, log: Log = print) -> Path:
     if engine not in PINS:
         raise FetchError(f"unknown engine {engine!r}; pinned: {sorted(PINS)}")
     pin = PINS[engine]
-    root = source_dir(engine)
+    root = Source(engine).root
 
     def current() -> bool:
         return cache_problems(engine) == [] and set(manifest(engine)) == set(pin.files)

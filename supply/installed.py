@@ -14,7 +14,7 @@ first thing that fails:
 4. every module the adapter binds imports;
 5. every compiled op the bound code calls is registered (`torch.ops.NS.OP`).
 
-The mode is chosen by K3NUM_ENGINE_MODE (pytest: `--engine-mode`):
+The mode is chosen by `--engine-mode` (harness/run.py's RunContext.engine_mode, handed to each build):
 - `auto` (the default): import mode where `probe` passes, else source mode,
   with the reason kept in `Engine.mode_note` and printed in pytest's header;
 - `import`: import mode or the engine is unavailable (its tests skip with the
@@ -34,7 +34,6 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
-import os
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,7 +44,6 @@ import torch
 
 from k3num.supply import EngineUnavailable, fetch
 
-MODE_ENV = "K3NUM_ENGINE_MODE"
 MODES = ("auto", "import", "source")
 
 
@@ -53,11 +51,11 @@ class NotInstalled(RuntimeError):
     """Import mode cannot be used for this engine here (the message says why)."""
 
 
-def requested() -> str:
-    """The requested engine mode (K3NUM_ENGINE_MODE); ValueError for an unknown one."""
-    mode = os.environ.get(MODE_ENV, "auto").strip() or "auto"
+def requested(mode: str) -> str:
+    """The requested engine mode, checked; ValueError for an unknown one."""
+    mode = (mode or "auto").strip() or "auto"
     if mode not in MODES:
-        raise ValueError(f"{MODE_ENV}: unknown engine mode {mode!r}; expected one of {list(MODES)}")
+        raise ValueError(f"--engine-mode: unknown engine mode {mode!r}; expected one of {list(MODES)}")
     return mode
 
 
@@ -106,7 +104,7 @@ class Installed:
         return {**vars(self.module(rel)), **runtime}
 
 
-def probe(engine: str, modules: Sequence[str], ops: Sequence[tuple[str, str]]) -> Installed:
+def probe(engine: str, modules: Sequence[str], ops: Sequence[tuple[str, str]], *, local: bool = False) -> Installed:
     """Import mode for `engine`: the pinned version installed, CUDA, no local tree, `modules`
     (relative paths) imported, `ops` ((namespace, name) pairs) registered; else NotInstalled."""
     pin = fetch.PINS[engine]
@@ -118,8 +116,8 @@ def probe(engine: str, modules: Sequence[str], ops: Sequence[tuple[str, str]]) -
         raise NotInstalled(f"{pin.dist} {got} is installed; the pin is {pin.version}")
     if not cuda_available():
         raise NotInstalled(f"{pin.dist} {got} is installed but there is no CUDA device for its compiled ops")
-    if engine in fetch.local_sources():
-        raise NotInstalled(f"a local tree is given for {engine} (--engine-src / {fetch.ENGINE_SRC_ENV})")
+    if local:
+        raise NotInstalled(f"a local tree is given for {engine} (--engine-src)")
     spec = importlib.util.find_spec(pin.dist)
     if spec is None or not spec.submodule_search_locations:
         raise NotInstalled(f"{pin.dist} {got} is installed but its package cannot be found")
@@ -139,11 +137,12 @@ def probe(engine: str, modules: Sequence[str], ops: Sequence[tuple[str, str]]) -
     return Installed(engine, got, root, loaded)
 
 
-def expected_mode(engine: str) -> str:
+def expected_mode(src: fetch.Source, mode: str) -> str:
     """The mode the engine's build will likely take, without importing it (for matching ledger
-    entries at collection time): import where requested mode, version and CUDA allow it."""
+    entries at collection time): import where the requested `mode`, version and CUDA allow it."""
     gpu = "source-gpu" if cuda_available() else "source-interpreter"
-    if requested() == "source" or engine not in fetch.PINS or engine in fetch.local_sources():
+    engine = src.engine
+    if requested(mode) == "source" or src.local is not None:
         return gpu
     pin = fetch.PINS[engine]
     try:
@@ -153,18 +152,19 @@ def expected_mode(engine: str) -> str:
     return "import" if installed and cuda_available() else gpu
 
 
-def select(engine: str, modules: Sequence[str], ops: Sequence[tuple[str, str]]) -> tuple[Installed | None, str]:
+def select(src: fetch.Source, mode: str, modules: Sequence[str],
+           ops: Sequence[tuple[str, str]]) -> tuple[Installed | None, str]:
     """(Installed, "") in import mode, or (None, why not) for source mode; EngineUnavailable when
-    import mode is required (K3NUM_ENGINE_MODE=import) and cannot be had."""
+    import mode is required (`mode` "import", --engine-mode import) and cannot be had."""
     try:
-        mode = requested()
+        mode = requested(mode)
     except ValueError as e:
         raise EngineUnavailable(str(e)) from e
     if mode == "source":
-        return None, f"source mode requested ({MODE_ENV}=source)"
+        return None, "source mode requested (--engine-mode source)"
     try:
-        return probe(engine, modules, ops), ""
+        return probe(src.engine, modules, ops, local=src.local is not None), ""
     except NotInstalled as e:
         if mode == "import":
-            raise EngineUnavailable(f"{engine}: import mode requested ({MODE_ENV}=import) but {e}") from e
+            raise EngineUnavailable(f"{src.engine}: import mode requested (--engine-mode import) but {e}") from e
         return None, f"import mode not used: {e}"

@@ -23,7 +23,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if mode:
         from k3num.supply import installed
 
-        installed.expected_mode = lambda engine: mode  # read by the plugin at collection, per engine
+        installed.expected_mode = lambda src, requested: mode  # read by the plugin at collection, per engine
 
 
 @pytest.hookimpl(trylast=True)

@@ -475,7 +475,7 @@ def _pp_mutant(bug: str) -> Callable:
               "tap_slot_base_off_by_one": {"_cache_aux_pp_layout": slot_base_off_by_one},
               "tap_not_packed": {"pack_local_aux_hidden_states": pack_drops_last}}[bug]
     kernel = m_attn.attn_res
-    return pp_forward.bind(fetch.source_dir("vllm"), kernel, "nvidia", mutate=mutate)
+    return pp_forward.bind(fetch.Source("vllm").root, kernel, "nvidia", mutate=mutate)
 
 
 PP_MUTANTS = ("tap_not_relayed", "tap_slot_base_off_by_one", "tap_not_packed")
@@ -555,7 +555,7 @@ def _tokenspeed_pp(bug: str) -> Callable:
     from k3num.engines import source, tokenspeed_attn_res, tokenspeed_kernels
     from k3num.supply import fetch
 
-    root = fetch.source_dir("tokenspeed")
+    root = fetch.Source("tokenspeed").root
     fwd = source.lift(root / tokenspeed_kernels.RESIDUAL_TORCH_PY, "torch_attn_res_fwd", {"torch": torch})
 
     def drop_last_bank_row(state):  # the stage hands on one snapshot row too few
@@ -727,9 +727,10 @@ def pytest_configure(config) -> None:
     if plant:
         if plant not in PLANTS:
             raise pytest.UsageError(f"{PLANT_ENV}={plant!r}: known plants are {sorted(PLANTS)}")
+        name = PLANTS[plant][0]
         registry.known()
-        real = registry._FACTORIES[PLANTS[plant][0]]  # the engine's own factory, wrapped
-        registry.register(PLANTS[plant][0], lambda: _planted(plant, real))
+        real = registry._FACTORIES[name]  # the engine's own factory, wrapped
+        registry.register(name, lambda src, mode: _planted(plant, lambda: real(src, mode)), pin=registry.pin_of(name))
     for name in ALL:
         registry.register(f"mutant-{name}", lambda name=name: build(name))
     drift = os.environ.get(DRIFT_ENV)

@@ -78,7 +78,7 @@ def test_processes_started_together_on_a_tampered_cache_all_bind_the_pinned_byte
                                                                                     tmp_path: Path) -> None:
     go = tmp_path / "go"
     env = dict(os.environ, K3NUM_ENGINE_CACHE=str(tampered_cache), TRITON_INTERPRET="1")
-    env.pop(fetch.ENGINE_SRC_ENV, None)
+    env.pop("K3NUM_ENGINE_SRC", None)
     procs = [subprocess.Popen([sys.executable, "-c", BIND, str(go), *ENGINES], env=env, cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(PROCESSES)]
     time.sleep(2.0)  # let every interpreter start and wait at the line
@@ -152,7 +152,7 @@ def _wheel_files(engine: str) -> dict[str, bytes]:
 
 def _counts(cache: Path, tmp_path: Path, name: str) -> tuple[dict[str, int], str]:
     env = dict(os.environ, K3NUM_ENGINE_CACHE=str(cache))
-    env.pop(fetch.ENGINE_SRC_ENV, None)
+    env.pop("K3NUM_ENGINE_SRC", None)
     r = subprocess.run([sys.executable, "-m", "pytest", "properties/test_attn_res.py", "properties/test_aux_tap.py",
                         "--engine", "vllm,vllm-rocm", "-n", "4", "-k", "zero_blocks or disabled",
                         "-p", "no:cacheprovider", "-q", "--hypothesis-profile=ci",

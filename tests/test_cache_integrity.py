@@ -29,7 +29,7 @@ FILES = {"toy/kernel.py": "def k(x):\n    return 2 * x\n", "toy/model.py": "LAYE
 def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fetched toy engine in a fresh cache: its wheel in <cache>/wheels, its files extracted."""
     monkeypatch.setenv("K3NUM_ENGINE_CACHE", str(tmp_path))
-    monkeypatch.delenv(fetch.ENGINE_SRC_ENV, raising=False)
+    monkeypatch.delenv("K3NUM_ENGINE_SRC", raising=False)
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     wheel = wheels / "toy_engine-1.0-py3-none-any.whl"
@@ -162,8 +162,7 @@ def vllm_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     with open(copy / "vllm-0.33.0" / ATTN, "a") as fh:
         fh.write("# patched by hand\n")
     monkeypatch.setenv("K3NUM_ENGINE_CACHE", str(copy))
-    monkeypatch.delenv(fetch.ENGINE_SRC_ENV, raising=False)
-    monkeypatch.setenv("K3NUM_ENGINE_MODE", "source")
+    monkeypatch.delenv("K3NUM_ENGINE_SRC", raising=False)
     fetch.forget_verified()
     yield copy
     fetch.forget_verified()
@@ -173,12 +172,12 @@ def test_a_hand_patched_vllm_kernel_is_refused_without_the_wheel(vllm_copy: Path
     pinned = json.loads((vllm_copy / "vllm-0.33.0" / fetch.MANIFEST).read_text())[ATTN]
     found = fetch.sha256_of(vllm_copy / "vllm-0.33.0" / ATTN)
     with pytest.raises(registry.EngineUnavailable, match=f"{ATTN}: expected sha256 {pinned}, found {found}"):
-        registry.build("vllm")
+        registry.build("vllm", mode="source")
 
 
 def test_a_hand_patched_vllm_kernel_is_replaced_by_the_pinned_bytes_before_it_runs(vllm_copy: Path) -> None:
     (vllm_copy / "wheels").symlink_to(REAL_WHEELS[0], target_is_directory=True)
-    engine = registry.build("vllm")
+    engine = registry.build("vllm", mode="source")
     pinned = fetch.manifest("vllm")[ATTN]
     assert engine.version == "0.33.0" and engine.source_sha256["attn_res"] == pinned
     assert fetch.sha256_of(vllm_copy / "vllm-0.33.0" / ATTN) == pinned

@@ -19,11 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def tree(tmp_path: Path) -> Path:
     if fetch.missing_files("vllm"):
         pytest.skip("vllm 0.33.0 is not fetched here: run `k3num fetch vllm`")
     root = fixes.pinned_tree("vllm", tmp_path / "vllm-checkout")
-    monkeypatch.setenv(fetch.ENGINE_SRC_ENV, f"vllm={root}")
     return root
 
 
@@ -36,7 +35,7 @@ def _edit(root: Path, rel: str, old: str, new: str) -> None:
 def test_a_kernel_importing_a_reorganised_package_leaves_that_subject_missing(tree: Path) -> None:
     _edit(tree, ATTN_RES_PY, "from vllm.triton_utils import tl, triton",
           "from vllm.backends.triton_utils import tl, triton")
-    engine = registry.build("vllm")
+    engine = registry.build("vllm", {"vllm": tree})
     why = engine.missing[base.ATTN_RES]
     assert why.startswith(f"contract changed: {ATTN_RES_PY}: imports a module the adapter's stubs do not provide")
     assert "vllm.backends" in why
@@ -46,7 +45,7 @@ def test_a_kernel_importing_a_reorganised_package_leaves_that_subject_missing(tr
 
 def test_a_renamed_function_leaves_its_subject_missing_naming_the_function(tree: Path) -> None:
     _edit(tree, DSPARK_PY, "def _precompute_fused_context_kv(", "def _precompute_context_kv(")
-    engine = registry.build("vllm")
+    engine = registry.build("vllm", {"vllm": tree})
     assert engine.missing[base.CONTEXT_KV_FUSED] == (
         f"contract changed: {DSPARK_PY}: K3DSparkModel._precompute_fused_context_kv: _precompute_fused_context_kv "
         "not found")
@@ -58,7 +57,7 @@ def test_a_changed_signature_leaves_its_subject_missing_with_both_signatures(tre
           "        pending_mlp_out: torch.Tensor | None,\n        scale: float,\n")
     _edit(tree, MODEL_PY, "        layer_idx: int,\n        prefix_sum: torch.Tensor,\n",
           "        prefix_sum: torch.Tensor,\n        layer_idx: int,\n")
-    engine = registry.build("vllm")
+    engine = registry.build("vllm", {"vllm": tree})
     why = engine.missing[base.AUX_CAPTURE]
     assert why.startswith(f"contract changed: {MODEL_PY}: KimiLinearModel._capture_aux_hidden_stream takes "
                           "['self', 'prefix_sum', 'layer_idx'")
@@ -70,9 +69,9 @@ def test_a_tree_breaking_every_subject_makes_the_engine_unavailable_with_each_re
     _edit(tree, ATTN_RES_PY, "def attn_res(", "def attn_res_v2(")
     _edit(tree, DSPARK_PY, "def _precompute_fused_context_kv(", "def _precompute_context_kv(")
     with pytest.raises(registry.EngineUnavailable, match=r"no subject could be bound: attn_res: contract changed"):
-        registry.build("vllm")
+        registry.build("vllm", {"vllm": tree})
     _edit(tree, AMD_ATTN_RES_PY, "def attn_res(", "def attn_res_v2(")
-    rocm = registry.build("vllm-rocm")  # its tap still binds
+    rocm = registry.build("vllm-rocm", {"vllm": tree})  # its tap still binds
     assert "attn_res not found" in rocm.missing[base.ATTN_RES] and rocm.provides(base.AUX_CAPTURE)
 
 

@@ -50,7 +50,7 @@ def _root(engine: str, file: str) -> Path | None:
         return root if (root / file).is_file() else None
     if not fetch.verified_manifest(pin, log=lambda *_: None):
         return None
-    return fetch.source_dir(pin)
+    return fetch.Source(pin).root
 
 
 def test_every_pinned_file_has_a_row():

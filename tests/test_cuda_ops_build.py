@@ -274,7 +274,7 @@ def native(prefix, delta, blocks, norm, qk, onorm, output, nb, write, eps, oeps)
     calls.append(nb)
     output.copy_(prefix)
 lib.impl("kimi_k3_attn_res", native, "CPU")
-fn = adapter._load_attn_res(fetch.source_dir("vllm") / "vllm/models/kimi_k3/nvidia/ops/attn_res.py", True)
+fn = adapter._load_attn_res(fetch.Source("vllm").root / "vllm/models/kimi_k3/nvidia/ops/attn_res.py", True)
 for hidden, nb, dense in [(7168, 3, True), (7168, 8, True), (7168, 9, True), (4096, 3, True), (7168, 3, False)]:
     t = 2
     big = torch.randn(t, hidden * (1 if dense else 2)).bfloat16()

@@ -39,11 +39,9 @@ def _properties(tree: Path) -> subprocess.CompletedProcess[str]:
 def test_a_local_tree_builds_with_its_own_hashes_and_a_local_version(sglang_tree: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     (sglang_tree / UTILS).write_text((sglang_tree / UTILS).read_text() + "\n# a local edit\n")
-    monkeypatch.setenv(fetch.ENGINE_SRC_ENV, f"sglang={sglang_tree}")
-    engine = registry.build("sglang")
+    engine = registry.build("sglang", {"sglang": sglang_tree})
     assert engine.version == "0.5.23+local"
     assert engine.source_sha256["transfer_pairs"] == fetch.sha256_of(sglang_tree / UTILS)
-    monkeypatch.delenv(fetch.ENGINE_SRC_ENV)
     assert fetch.manifest("sglang")[UTILS] != engine.source_sha256["transfer_pairs"]
 
 
@@ -60,22 +58,25 @@ def test_an_unpatched_tree_passes_and_a_patched_one_fails_the_properties(sglang_
 def test_a_tree_lacking_a_pinned_file_is_refused_naming_it(sglang_tree: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     (sglang_tree / UTILS).unlink()
-    monkeypatch.setenv(fetch.ENGINE_SRC_ENV, f"sglang={sglang_tree}")
     with pytest.raises(registry.EngineUnavailable, match="disaggregation/utils.py"):
-        registry.build("sglang")
+        registry.build("sglang", {"sglang": sglang_tree})
 
 
 @pytest.mark.parametrize("spec", ["sglang", "=x", "nosuch=/tmp", "vllm=/no/such/dir"])
 def test_a_bad_engine_src_is_refused_naming_the_item(spec: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(fetch.ENGINE_SRC_ENV, spec)
+    from k3num.harness.run import RunContext
+
+    with pytest.raises(ValueError, match=spec.split("=")[0] or "=x"):
+        fetch.parse_sources([spec])
+    monkeypatch.setenv("K3NUM_ENGINE_SRC", spec)  # a process started with it: refused naming the variable
     with pytest.raises(ValueError, match="K3NUM_ENGINE_SRC"):
-        fetch.local_sources()
+        RunContext.from_env()
 
 
 def test_a_cache_missing_one_file_is_refused_naming_it(sglang_tree: Path, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     cache = tmp_path / "cache"
-    shutil.copytree(fetch.source_dir("sglang"), cache / "sglang-0.5.23")
+    shutil.copytree(fetch.Source("sglang").root, cache / "sglang-0.5.23")
     (cache / "sglang-0.5.23" / UTILS).unlink()
     monkeypatch.setenv("K3NUM_ENGINE_CACHE", str(cache))
     with pytest.raises(registry.EngineUnavailable, match="disaggregation/utils.py.*k3num fetch sglang"):

@@ -37,11 +37,11 @@ def test_each_fix_applies_to_the_pinned_files_once(tmp_path: Path) -> None:
     for fix in fixes.FIXES:
         tree = fixes.patched_tree(fix, tmp_path / fix.id.replace("/", "_"))
         for rel, _ in fix.edits:
-            assert (tree / rel).read_text() != (fetch.source_dir(fix.engine) / rel).read_text(), (fix.id, rel)
+            assert (tree / rel).read_text() != (fetch.Source(fix.engine).root / rel).read_text(), (fix.id, rel)
 
 
 def test_a_fix_whose_anchor_is_gone_is_refused_naming_the_file() -> None:
-    text = (fetch.source_dir("vllm") / fixes.VLLM_ATTN_RES).read_text().replace("tl.debug_barrier()", "pass")
+    text = (fetch.Source("vllm").root / fixes.VLLM_ATTN_RES).read_text().replace("tl.debug_barrier()", "pass")
     with pytest.raises(fixes.FixError, match="attn_res.py: expected one `if HAS_DELTA:` guarding"):
         fixes.barrier_under_write_block(text, fixes.VLLM_ATTN_RES)
     with pytest.raises(fixes.FixError, match="function _aggregate_fused not found"):

@@ -42,8 +42,6 @@ needs_sources = pytest.mark.skipif(not all(_fetched(e) for e in fetch.PINS),
 def clean_imports(monkeypatch: pytest.MonkeyPatch):
     """Whatever a test imports from a fake install (the engines' packages) is gone afterwards; other
     modules first imported meanwhile (triton, ...) stay, since extension modules cannot be re-imported."""
-    monkeypatch.delenv(installed.MODE_ENV, raising=False)
-    monkeypatch.delenv(fetch.ENGINE_SRC_ENV, raising=False)
     fakes = set().union(*TOPS.values())
     before = set(sys.modules)
     yield
@@ -64,30 +62,28 @@ def _install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str, *, cu
 
 
 def test_source_mode_is_kept_with_the_reason_when_the_engine_is_not_installed(clean_imports, monkeypatch) -> None:
-    inst, note = installed.select("vllm", ["vllm/_custom_ops.py"], [])
+    inst, note = installed.select(fetch.Source("vllm"), "auto", ["vllm/_custom_ops.py"], [])
     assert inst is None and note == "import mode not used: vllm is not installed"
-    monkeypatch.setenv(installed.MODE_ENV, "source")
-    assert installed.select("vllm", [], []) == (None, f"source mode requested ({installed.MODE_ENV}=source)")
+    assert installed.select(fetch.Source("vllm"), "source", [], []) == (
+        None, "source mode requested (--engine-mode source)")
 
 
 def test_import_mode_when_required_and_impossible_makes_the_engine_unavailable_naming_why(clean_imports,
                                                                                         monkeypatch) -> None:
-    monkeypatch.setenv(installed.MODE_ENV, "import")
     with pytest.raises(registry.EngineUnavailable, match="import mode requested .* tokenspeed is not installed"):
-        installed.select("tokenspeed", [], [])
+        installed.select(fetch.Source("tokenspeed"), "import", [], [])
 
 
 def test_an_unknown_engine_mode_is_refused(clean_imports, monkeypatch) -> None:
-    monkeypatch.setenv(installed.MODE_ENV, "imported")
     with pytest.raises(registry.EngineUnavailable, match="unknown engine mode 'imported'"):
-        installed.select("vllm", [], [])
+        installed.select(fetch.Source("vllm"), "imported", [], [])
 
 
 @needs_sources
 @pytest.mark.parametrize("broken, why", [
     ("version", "vllm 0.32.0 is installed; the pin is 0.33.0"),
     ("cuda", "vllm 0.33.0 is installed but there is no CUDA device for its compiled ops"),
-    ("local", "a local tree is given for vllm (--engine-src / K3NUM_ENGINE_SRC)"),
+    ("local", "a local tree is given for vllm (--engine-src)"),
     ("import", "vllm 0.33.0: importing vllm.models.kimi_k3.nvidia.ops.attn_res failed: RuntimeError: broken on "
                "purpose"),
     ("ops", "vllm 0.33.0: compiled ops not registered: torch.ops._C.rms_norm, torch.ops._C.rotary_embedding, "
@@ -101,15 +97,13 @@ def test_each_precondition_of_import_mode_is_named_when_it_fails(clean_imports, 
     if broken == "import":
         kw["overrides"] = {vllm_engine.ATTN_RES_PY: "raise RuntimeError('broken on purpose')\n"}
     _install(tmp_path, monkeypatch, "vllm", cuda=broken != "cuda", ops=broken != "ops", **kw)
-    if broken == "local":
-        monkeypatch.setenv(fetch.ENGINE_SRC_ENV, f"vllm={fetch.cache_root() / 'vllm-0.33.0'}")
-    engine = registry.build("vllm")
+    sources = {"vllm": fetch.cache_root() / "vllm-0.33.0"} if broken == "local" else {}
+    engine = registry.build("vllm", sources)
     # the note names why import mode was not taken first; an interpreter run declares its adaptation after it
     assert engine.mode != "import" and engine.mode_note.split("; interpreter adaptation")[0] == (
         f"import mode not used: {why}")
-    monkeypatch.setenv(installed.MODE_ENV, "import")
     with pytest.raises(registry.EngineUnavailable, match="import mode requested"):
-        registry.build("vllm")
+        registry.build("vllm", sources, "import")
 
 
 @needs_sources
@@ -130,11 +124,9 @@ def test_an_installed_engine_is_bound_from_its_installed_files(clean_imports, mo
 
 def _both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> tuple[base.Engine, base.Engine]:
     """(source-mode engine, import-mode engine on the fake install of the same files)."""
-    monkeypatch.setenv(installed.MODE_ENV, "source")
-    src = registry.build(name)
-    monkeypatch.setenv(installed.MODE_ENV, "import")
+    src = registry.build(name, mode="source")
     _install(tmp_path, monkeypatch, name.split("-")[0])
-    imp = registry.build(name)
+    imp = registry.build(name, mode="import")
     assert (src.mode, imp.mode) == ("source-interpreter" if not torch.cuda.is_available() else "source-gpu", "import")
     return src, imp
 
@@ -173,8 +165,7 @@ def test_import_mode_computes_what_source_mode_computes_from_the_same_vllm_files
             return src.subject(base.ATTN_RES)(*args, **kwargs)
 
         monkeypatch.setattr(sys.modules[installed.module_name(vllm_engine.MODEL_PY)], "attn_res", recorder)
-        monkeypatch.setenv(installed.MODE_ENV, "import")
-        imp = registry.build(name)  # binds the capture again, with the module's (patched) globals
+        imp = registry.build(name, mode="import")  # binds the capture again, with the module's (patched) globals
     tap = TapCase(num_layers=3, block_size=1, stage_end=3, layer_idx=1, tokens=2, hidden=16, seed=3)
     taps = []
     for e in (src, imp):
@@ -267,11 +258,11 @@ def test_records_of_an_imported_engine_carry_import_mode_and_the_installed_files
 def test_ledger_matching_expects_import_mode_only_where_the_pinned_engine_is_installed_on_cuda(
         clean_imports, monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(installed, "cuda_available", lambda: False)
-    assert installed.expected_mode("vllm") == "source-interpreter"  # not installed here
+    vllm = fetch.Source("vllm")
+    assert installed.expected_mode(vllm, "auto") == "source-interpreter"  # not installed here
     _install(tmp_path, monkeypatch, "vllm")  # cuda_available -> True
-    assert installed.expected_mode("vllm") == "import"
-    monkeypatch.setenv(installed.MODE_ENV, "source")
-    assert installed.expected_mode("vllm") == "source-gpu"
-    monkeypatch.delenv(installed.MODE_ENV)
+    assert installed.expected_mode(vllm, "auto") == "import"
+    assert installed.expected_mode(vllm, "source") == "source-gpu"
+    assert installed.expected_mode(fetch.Source("vllm", tmp_path), "auto") == "source-gpu"  # a local tree
     _install(tmp_path / "old", monkeypatch, "tokenspeed", version="0.1.0")
-    assert installed.expected_mode("tokenspeed") == "source-gpu"
+    assert installed.expected_mode(fetch.Source("tokenspeed"), "auto") == "source-gpu"

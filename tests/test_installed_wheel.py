@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(cmd: list[str], cwd: Path, timeout: int = 900, **env: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", fetch.ENGINE_SRC_ENV)}
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "K3NUM_ENGINE_SRC")}
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**clean, **env})
 
 
@@ -68,7 +68,7 @@ def test_the_installed_package_claims_one_import_name_and_brings_its_plugin(venv
 
 def test_the_property_suite_runs_from_an_install_in_any_directory(venv: Path, tmp_path: Path) -> None:
     r = _run([str(venv / "bin" / "python"), "-m", "pytest", "--pyargs", "k3num.properties", "--engine", "vllm",
-              "--engine-src", f"vllm={fetch.source_dir('vllm')}", "-k", "attn_res_within_rounding_budget_of_oracle",
+              "--engine-src", f"vllm={fetch.Source('vllm').root}", "-k", "attn_res_within_rounding_budget_of_oracle",
               "-q", "-p", "no:cacheprovider", "--hypothesis-profile=ci", "--drift-csv", str(tmp_path / "d.csv")],
              tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
@@ -82,7 +82,7 @@ def test_an_engine_repositorys_own_test_file_passes_the_release_and_fails_a_plan
     (repo / "tests").mkdir(parents=True)
     shutil.copy(ROOT / "examples" / "test_k3_kernels.py", repo / "tests" / "test_k3_kernels.py")
     cmd = [str(venv / "bin" / "python"), "-m", "pytest", "tests/test_k3_kernels.py", "-q", "-p", "no:cacheprovider"]
-    good = _run(cmd, repo, K3NUM_ENGINE_SRC=f"vllm={fetch.source_dir('vllm')}")
+    good = _run(cmd, repo, K3NUM_ENGINE_SRC=f"vllm={fetch.Source('vllm').root}")
     assert good.returncode == 0, good.stdout[-3000:] + good.stderr[-2000:]
     tree = fixes.patched_tree(fixes.by_id("mixture-scaled"), tmp_path / "mutant")
     bad = _run(cmd, repo, K3NUM_ENGINE_SRC=f"vllm={tree}")

@@ -51,10 +51,10 @@ def _tree(tmp_path: Path, edited: str | None) -> Path:
 def test_pinned_files_compares_each_named_file(tmp_path, monkeypatch):
     root = _tree(tmp_path, AMD_ATTN_RES)
     assert fetch.pinned_files("vllm", (DSPARK,))  # the cache
-    monkeypatch.setenv(fetch.ENGINE_SRC_ENV, f"vllm={root}")
-    assert fetch.pinned_files("vllm", (DSPARK, "vllm/models/kimi_k3/nvidia/ops/attn_res.py"))
-    assert not fetch.pinned_files("vllm", (AMD_ATTN_RES,))
-    assert not fetch.pinned_files("vllm", (DSPARK, AMD_ATTN_RES))
+    local = fetch.Source("vllm", root)
+    assert fetch.pinned_files(local, (DSPARK, "vllm/models/kimi_k3/nvidia/ops/attn_res.py"))
+    assert not fetch.pinned_files(local, (AMD_ATTN_RES,))
+    assert not fetch.pinned_files(local, (DSPARK, AMD_ATTN_RES))
     with pytest.raises(ValueError, match="not files of the pin"):
         fetch.pinned_files("vllm", ("vllm/nope.py",))
 

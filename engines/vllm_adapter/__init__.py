@@ -179,20 +179,21 @@ def _unavailable(name: str, missing: dict[str, str], wanted: tuple[str, ...]) ->
                              + "; ".join(f"{s}: {missing[s]}" for s in wanted if s in missing))
 
 
-def build() -> base.Engine:
-    root = fetch.source_dir("vllm")
-    inst, note = installed.select("vllm", IMPORT_MODULES, IMPORT_CUDA_OPS)
+def build(src: fetch.Source, mode: str) -> base.Engine:
+    """vLLM's NVIDIA subjects, read from `src` (the pinned cache or a local tree) in `mode` (--engine-mode)."""
+    root = src.root
+    inst, note = installed.select(src, mode, IMPORT_MODULES, IMPORT_CUDA_OPS)
     if inst is not None:
         return _build_imported(inst)
-    if not fetch.verified_manifest("vllm"):
+    if not fetch.verified_manifest(src):
         raise EngineUnavailable(f"vllm {PIN.version} source is not in {root}: run `k3num fetch vllm`")
     interpret = not torch.cuda.is_available()
-    mode = "source-interpreter" if interpret else "source-gpu"
+    run_mode = "source-interpreter" if interpret else "source-gpu"
     if interpret:
         require_interpreter()
         round_bf16_to_nearest_even()
     triton_support.triton_modules("vllm")
-    ops, real_ops, ops_note = _built_ops(root, interpret)
+    ops, real_ops, ops_note = _built_ops(src, interpret)
     bound: dict[str, Any] = {}
     missing: dict[str, str] = {}
     _bind(base.ATTN_RES, root, lambda: _load_attn_res(root / ATTN_RES_PY, interpret), bound, missing)
@@ -213,10 +214,10 @@ def build() -> base.Engine:
     if not subjects:
         raise _unavailable("vllm", missing, (base.ATTN_RES, base.AUX_CAPTURE, base.CONTEXT_KV_FUSED))
     if ops is not None:
-        mode += OPS_SUFFIX
+        run_mode += OPS_SUFFIX
     elif not interpret:  # on a CUDA machine, say how the real ops would be had
         note = "; ".join(filter(None, [note, f"compiled ops are stand-ins: {ops_note}"]))
-    m = fetch.verified_manifest("vllm") or fetch.manifest("vllm")
+    m = fetch.verified_manifest(src) or fetch.manifest(src)
     files = {base.ATTN_RES: ATTN_RES_PY, base.AUX_CAPTURE: MODEL_PY, base.CONTEXT_KV_FUSED: DSPARK_PY}
     extras: dict[str, Any] = {k: bound[k] for k in ("weight_loading", "pp_taps", "block_fp8_loading", "nvfp4_loading",
                                                     "nvfp4_modelopt_loading") if k in bound}
@@ -225,7 +226,7 @@ def build() -> base.Engine:
     if "pp_taps" in bound:
         extras["pp_taps_standins"] = pp_forward.STANDINS
     return base.Engine(
-        name="vllm", version=fetch.version_label("vllm"), mode=mode, subjects=subjects, real_ops=real_ops,
+        name="vllm", version=src.version, mode=run_mode, subjects=subjects, real_ops=real_ops,
         source_sha256={s: m.get(f, "") for s, f in files.items() if s in subjects}, missing={**MISSING, **missing},
         extras=extras, mode_note="; ".join(filter(None, [note, NEAREST_EVEN_ADAPTATION if interpret else "",
                                                          cuda_ops.native_attn_res_note()])),
@@ -255,10 +256,11 @@ def _build_imported(inst: installed.Installed) -> base.Engine:
 
 
 
-def build_rocm() -> base.Engine:
-    root = fetch.source_dir("vllm")
+def build_rocm(src: fetch.Source, mode: str) -> base.Engine:
+    """vLLM's ROCm subjects (run on this machine's GPU or interpreter), read from `src` in `mode`."""
+    root = src.root
     # the ROCm kernels are Triton and the tap is Python: no compiled op to require
-    inst, note = installed.select("vllm", (AMD_ATTN_RES_PY, AMD_LINEAR_PY), ())
+    inst, note = installed.select(src, mode, (AMD_ATTN_RES_PY, AMD_LINEAR_PY), ())
     if inst is not None:
         try:
             subjects = {base.ATTN_RES: inst.module(AMD_ATTN_RES_PY).attn_res,
@@ -271,7 +273,7 @@ def build_rocm() -> base.Engine:
             source_sha256={base.ATTN_RES: inst.sha256(AMD_ATTN_RES_PY), base.AUX_CAPTURE: inst.sha256(AMD_LINEAR_PY)},
             missing=ROCM_MISSING,
         )
-    if not fetch.verified_manifest("vllm"):
+    if not fetch.verified_manifest(src):
         raise EngineUnavailable(f"vllm {PIN.version} source is not in {root}: run `k3num fetch vllm`")
     interpret = not torch.cuda.is_available()
     if interpret:
@@ -288,13 +290,13 @@ def build_rocm() -> base.Engine:
     subjects = {s: f for s, f in bound.items() if s in base.SUBJECTS}
     if not subjects:
         raise _unavailable("vllm-rocm", missing, (base.ATTN_RES, base.AUX_CAPTURE))
-    m = fetch.verified_manifest("vllm") or fetch.manifest("vllm")
+    m = fetch.verified_manifest(src) or fetch.manifest(src)
     files = {base.ATTN_RES: AMD_ATTN_RES_PY, base.AUX_CAPTURE: AMD_LINEAR_PY}
     extras: dict[str, Any] = {}
     if "pp_taps" in bound:
         extras = {"pp_taps": bound["pp_taps"], "pp_taps_standins": pp_forward.STANDINS}
     return base.Engine(
-        name="vllm-rocm", version=fetch.version_label("vllm"), mode="source-interpreter" if interpret else "source-gpu",
+        name="vllm-rocm", version=src.version, mode="source-interpreter" if interpret else "source-gpu",
         subjects=subjects, real_ops=ROCM_STANDINS,
         source_sha256={s: m.get(f, "") for s, f in files.items() if s in subjects},
         missing={**ROCM_MISSING, **missing},

@@ -174,7 +174,7 @@ def _bind_precompute(path: Path, namespace: dict[str, Any] | None, real_ops: Any
     return fused
 
 
-def _built_ops(root: Path, interpret: bool) -> tuple[Any | None, str, str]:
+def _built_ops(src: fetch.Source, interpret: bool) -> tuple[Any | None, str, str]:
     """(ops, real_ops label, note): vLLM's own `_custom_ops` wrappers (lifted from the wheel's
     vllm/_custom_ops.py) over the compiled ops `k3num build-ops` built for this GPU and torch, or
     (None, stand-in label, why not)."""
@@ -183,16 +183,16 @@ def _built_ops(root: Path, interpret: bool) -> tuple[Any | None, str, str]:
     from k3num.supply import cuda_ops
 
     try:  # a checkout with its own csrc runs the ops built from it (`k3num build-ops --engine-src vllm=PATH`)
-        src = cuda_ops.sources_for(root if "vllm" in fetch.local_sources() else None)
+        csrc = cuda_ops.sources_for(src.local)
     except cuda_ops.BuildError as e:
         return None, STANDIN_OPS, str(e)
-    so, why = cuda_ops.load(src)
+    so, why = cuda_ops.load(csrc)
     if so is None:
         return None, STANDIN_OPS, why
     # stand-in: the platform (CUDA: concat_and_cache_mla's wrapper asks whether it runs on XPU)
     ns = {"torch": torch, "current_platform": types.SimpleNamespace(is_xpu=lambda: False)}
-    ops = types.SimpleNamespace(**{name: source.lift(root / CUSTOM_OPS_PY, name, ns) for name in BUILT_OPS})
-    label = f"real (built by k3num build-ops from {src.origin}): {', '.join(BUILT_OPS)}; {PER_LAYER_WRITE_STANDIN}"
+    ops = types.SimpleNamespace(**{name: source.lift(src.root / CUSTOM_OPS_PY, name, ns) for name in BUILT_OPS})
+    label = f"real (built by k3num build-ops from {csrc.origin}): {', '.join(BUILT_OPS)}; {PER_LAYER_WRITE_STANDIN}"
     return ops, label, ""
 
 

@@ -1,9 +1,15 @@
 """The part of the input space each ledger entry (oracles/ledger.py) covers, and its reproducer.
 
-An entry's `inside(args)` says whether a drawn case of one of its tests is one its finding explains;
-`args` are the test's drawn arguments by name (`case`, `hidden`, `layers`, ...) with its parameters
-(`transfer`, `naming`). The plugin (harness/ledger_run.py, `ledgered`) judges every case outside plainly,
-on the pinned release too, so a second bug in the same test fails it; a failing case inside is the
+An entry's `inside` says whether a failing example of one of its tests is one its finding explains. A
+rule reads either the test's drawn arguments by name (`case`, `hidden`, `layers`, ...) with its
+parameters (`transfer`, `naming`), or, where the finding is a property of the kernel call (the attn_res
+races: a delta with the 4-source tile, a write inside the mixed rows), the last call the example made
+to that subject, as the kernel saw it (`call`: an `AttnResCall`). A test body may turn its drawn case
+into another call before it makes it (the in-place prefix rewrite test adds a delta); a rule over the
+call judges the call that ran, where a rule over the drawn case judged another (issue 32: K3N-007's race
+reported FAILED in the nightly, on a drawn case without a delta that ran with one). The plugin
+(harness/ledger_run.py, `ledgered`) judges every case outside plainly, on the pinned release too, so a
+second bug in the same test fails it; a failing case inside is the
 known divergence (the test is reported xfailed, naming the entry and how many cases). Where the
 finding is that the tested branch itself is wrong, every case is inside, and the rule says so.
 
@@ -19,38 +25,70 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from k3num.engines import base
 from k3num.fixtures.strategies import SEED_003_TRANSFER, AttnResCase, KVTransferCase, ProjectionCase, TapCase
 
 K3_WIDTH = 576  # a DSpark draft layer's context-KV rows (kv_lora 512 + rope 64)
 
 
 @dataclass(frozen=True)
+class AttnResCall:
+    """An attn_res call as the kernel saw it (engines.base ATTN_RES's arguments): what the races need."""
+
+    tokens: int
+    hidden: int
+    bank: int
+    num_blocks: int
+    block_write_idx: int
+    with_delta: bool
+    with_output_norm: bool
+
+    @classmethod
+    def of_args(cls, args: tuple, kwargs: dict[str, Any]) -> AttnResCall:
+        """From attn_res(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks,
+        block_write_idx, ...)'s positional or keyword arguments."""
+        names = ("prefix", "delta", "blocks", "norm_weight", "qk_weight", "output_norm_weight", "num_blocks",
+                 "block_write_idx")
+        a = {**dict(zip(names, args)), **{k: v for k, v in kwargs.items() if k in names}}
+        tokens, hidden = a["prefix"].shape
+        return cls(tokens, hidden, a["blocks"].shape[1], int(a["num_blocks"]), int(a["block_write_idx"]),
+                   a["delta"] is not None, a["output_norm_weight"] is not None)
+
+    @classmethod
+    def of_case(cls, case: AttnResCase) -> AttnResCall:
+        """The call a case makes as drawn (a reproducer: its test calls it unchanged)."""
+        return cls(case.tokens, case.hidden, case.bank, case.num_blocks, case.block_write_idx, case.with_delta,
+                   case.with_output_norm)
+
+
+# the subjects whose calls a rule can read, and how a call is seen (harness/ledger_run.py records the last
+# call of each, no tensor kept)
+CALL_VIEWS: dict[str, Callable[[tuple, dict[str, Any]], Any]] = {base.ATTN_RES: AttnResCall.of_args}
+
+
+@dataclass(frozen=True)
 class LedgerCase:
     rule: str  # the predicate in words (docs and the xfail reason say it)
-    inside: Callable[[dict[str, Any]], bool]
+    inside: Callable[[Any], bool]  # over the drawn arguments (a dict), or over `call`'s view
     test: str  # the test whose body the reproducer runs through
     reproducer: dict[str, Any] = field(default_factory=dict)  # its drawn arguments and parameters
+    call: str = ""  # the subject whose last call the rule reads ("": the rule reads the drawn arguments)
+
+    def reproducer_view(self) -> Any:
+        """What the rule reads for the reproducer (its drawn arguments, or the call they make)."""
+        return AttnResCall.of_case(self.reproducer["case"]) if self.call else self.reproducer
 
 
 def _every(_: dict[str, Any]) -> bool:
     return True
 
 
-def _case(args: dict[str, Any]) -> AttnResCase:
-    case = args.get("case")
-    if not isinstance(case, AttnResCase):
-        raise TypeError(f"expected an AttnResCase as `case`, got {type(case).__name__}")
-    return case
+def _write_race(call: AttnResCall) -> bool:
+    return 0 <= call.block_write_idx < call.num_blocks and not call.with_delta
 
 
-def _write_race(args: dict[str, Any]) -> bool:
-    case = _case(args)
-    return 0 <= case.block_write_idx < case.num_blocks and not case.with_delta
-
-
-def _delta_race(args: dict[str, Any]) -> bool:
-    case = _case(args)
-    return case.with_delta and case.num_blocks >= 2 and case.tokens < 256
+def _delta_race(call: AttnResCall) -> bool:
+    return call.with_delta and call.num_blocks >= 2 and call.tokens < 256
 
 
 K3N_004 = AttnResCase(tokens=1, hidden=32, bank=2, num_blocks=2, block_write_idx=0, with_delta=False,
@@ -73,9 +111,9 @@ CASES: dict[str, LedgerCase] = {
     # property (152 calls on the GPU), where K3N-004 fails 7 calls in 200
     "K3N-004": LedgerCase("a bank write inside [0, num_blocks), no delta (the barrier is emitted under HAS_DELTA "
                           "only)", _write_race, "test_attn_res_repeated_calls_are_bitwise_identical",
-                          {"case": K3N_004}),
+                          {"case": K3N_004}, call=base.ATTN_RES),
     "K3N-005": LedgerCase("a bank write inside [0, num_blocks), no delta (as K3N-004, ROCm kernel)", _write_race,
-                          "test_attn_res_repeated_calls_are_bitwise_identical", {"case": K3N_005}),
+                          "test_attn_res_repeated_calls_are_bitwise_identical", {"case": K3N_005}, call=base.ATTN_RES),
     "K3N-006": LedgerCase("every case: the test's taps cancel by construction, and every tap's projection is "
                           "rounded to bf16", _every,
                           "test_sharded_adds_no_rounding_beyond_its_partials_when_taps_cancel",
@@ -83,7 +121,7 @@ CASES: dict[str, LedgerCase] = {
                                                   order=(0,), seed=0, scale=0.01, outliers=0.0),
                            "transfer": "fp32"}),
     "K3N-007": LedgerCase("a delta with the 4-source tile: num_blocks >= 2, fewer than 256 tokens", _delta_race,
-                          "test_attn_res_repeated_calls_are_bitwise_identical", {"case": K3N_007}),
+                          "test_attn_res_repeated_calls_are_bitwise_identical", {"case": K3N_007}, call=base.ATTN_RES),
     "K3N-008": LedgerCase("a hidden size off the 1024 grid (hidden % 1024 != 0)",
                           lambda a: a["hidden"] % 1024 != 0,
                           "test_model_aggregation_off_grid_hidden_within_budget_or_refused",
@@ -118,14 +156,19 @@ def _heads_differ(case: KVTransferCase) -> bool:
     return per_rank(case.src_tp) != per_rank(case.dst_tp)
 
 
-def reads_the_case(entry_id: str) -> bool:
-    """Whether the entry's rule depends on the drawn case (False: it covers every case of its tests)."""
-    return CASES[entry_id].inside is not _every
+def reads_the_drawn_case(entry_id: str) -> bool:
+    """Whether the entry's rule reads the drawn arguments (not every case, not a call): its tests must run
+    what they drew (tests/test_ledger_resolution.py)."""
+    c = CASES[entry_id]
+    return c.inside is not _every and not c.call
 
 
-def inside(entry_id: str, args: dict[str, Any]) -> bool:
-    """Whether a case with these drawn arguments is one the entry covers (KeyError: an entry without a
-    rule). The drawn arguments are the case that ran: a ledger-covered test never rewrites them in its
-    body (its strategy draws the kind of call it runs: fixtures.strategies.attn_res_cases;
-    tests/test_ledger_resolution.py holds every such test to it)."""
-    return bool(CASES[entry_id].inside(args))
+def inside(entry_id: str, drawn: dict[str, Any], calls: dict[str, Any] | None = None) -> bool:
+    """Whether a failing example, with these drawn arguments and (`calls`) the view of the last call it made
+    to each subject of CALL_VIEWS, is one the entry covers (KeyError: an entry without a rule). An entry
+    whose rule reads a call covers no example that never made that call."""
+    c = CASES[entry_id]
+    if not c.call:
+        return bool(c.inside(drawn))
+    made = (calls or {}).get(c.call)
+    return made is not None and bool(c.inside(made))

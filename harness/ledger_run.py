@@ -4,7 +4,9 @@ and any other failing case fails the test. Registered by harness/plugin.py (`pyt
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Any
 
 import pytest
 
@@ -33,19 +35,41 @@ def ledgered(inner):
         filed = entries.get(getattr(kwargs.get("engine"), "name", None))
         if not filed:
             return inner(*args, **kwargs)
+        calls: dict[str, Any] = {}  # subject -> the view of the last call the example made to it
+        drawn = {k: v for k, v in kwargs.items() if k != "engine"}
         try:
-            return inner(*args, **kwargs)
+            return inner(*args, **{**kwargs, "engine": _recording(kwargs["engine"], calls)})
         except (pytest.skip.Exception, HypothesisException):
             raise
         except (pytest.fail.Exception, Exception):  # an assertion, a refusal not raised, any error
-            drawn = {k: v for k, v in kwargs.items() if k != "engine"}
-            covering = [d.id for d in filed if ledger_cases.inside(d.id, drawn)]
+            covering = [d.id for d in filed if ledger_cases.inside(d.id, drawn, calls)]
             if not covering:
                 raise  # outside every entry's cases: a failure like any other
             _KNOWN.setdefault(COLLECTOR.node, []).append(covering[0])
 
     body._k3num_entries = entries  # type: ignore[attr-defined]
     return body
+
+
+def _recording(engine: Any, calls: dict[str, Any]) -> Any:
+    """`engine` with each subject a rule can read (ledger_cases.CALL_VIEWS) recording its last call's view
+    into `calls` (shapes and flags, no tensor); the subjects themselves run unchanged."""
+    from k3num.harness.ledger_cases import CALL_VIEWS
+
+    watched = {name: fn for name, fn in getattr(engine, "subjects", {}).items() if name in CALL_VIEWS}
+    if not watched:
+        return engine
+
+    def recorder(name: str, fn: Any) -> Any:
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            calls[name] = CALL_VIEWS[name](args, kwargs)
+            return fn(*args, **kwargs)
+
+        return call
+
+    return dataclasses.replace(engine, subjects={**engine.subjects,
+                                                 **{n: recorder(n, f) for n, f in watched.items()}})
 
 
 @pytest.hookimpl(wrapper=True)

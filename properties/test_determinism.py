@@ -32,7 +32,6 @@ from k3num.fixtures.strategies import (
     attn_res_cases,
     context_kv_cases,
     draft_kv_cases,
-    in_place_rewrite,
     projection_cases,
     seeds,
     tap_cases,
@@ -229,14 +228,15 @@ def test_attn_res_repeated_calls_are_bitwise_identical(engine, case: AttnResCase
 
 @shardable
 @pytest.mark.gpu
-@given(case=attn_res_cases().map(in_place_rewrite))
+@given(case=attn_res_cases())
 @example(case=K3N_007)
 @example(case=LEAD_2)
 def test_attn_res_in_place_prefix_rewrite_is_deterministic(engine, case: AttnResCase) -> None:
-    """The attn_res calls that rewrite the prefix in place (fixtures.strategies.in_place_rewrite: a
-    delta, the output norm, no bank write): the configuration of K3N-007 (ROCm kernel) and of lead 2
-    (NVIDIA kernel, num_blocks 0). A race hunt, so GPU only: the sequential Triton interpreter cannot
-    race (the general test above covers the plumbing on the CPU)."""
+    """The attn_res calls that rewrite the prefix in place (a delta) with the output norm, no bank
+    write: the configuration of K3N-007 (ROCm kernel) and of lead 2 (NVIDIA kernel, num_blocks 0).
+    A race hunt, so GPU only: the sequential Triton interpreter cannot race (the general test above
+    covers the plumbing on the CPU)."""
+    case = dataclasses.replace(case, with_delta=True, with_output_norm=True, block_write_idx=-1)
     fn = subject(engine, base.ATTN_RES)
     check_deterministic(engine, base.ATTN_RES, _attn_res(engine, fn, case, DEVICE), hunt.repeats_for(DEVICE),
                         case.seed, detail=f"nb={case.num_blocks};H={case.hidden};T={case.tokens}")

@@ -6,13 +6,14 @@ the pinned nightly reported that test FAILED on K3N-007's own race (nb=4, H=128,
 outputs in 152 calls). The cause was not the shards: the entry's case rule (a delta with the 4-source
 tile) judged the case hypothesis drew, while the test's body rewrote it before the call (a delta, the
 output norm, no write). A drawn case without a delta ran with one, raced, and the rule said "outside".
-Five attn_res properties rewrote their drawn case that way; under `ci` the drawn cases happened to miss
-the race, under `nightly` they did not.
+Under `ci` the drawn cases happened to miss the race; under `nightly` they did not.
 
-Now a ledger-covered property draws the kind of call it runs (`attn_res_cases().map(kind)`,
-fixtures/strategies.py), so the rule judges what ran. These tests hold every ledger-covered property
-to that, read from the properties' source (a new property or a new `also` is held too), and show
-that the plugin files each entry on sharded and unsharded nodes.
+The races' rules now read the attn_res call that ran (harness/ledger_cases.py `AttnResCall`, recorded by
+harness/ledger_run.py), so a body may shape its call as it likes. (Moving the rewrites into the
+strategies instead would have changed every derandomized record of those tests: hypothesis seeds a
+derandomized test from a digest of its source.) A rule that still reads the drawn arguments holds its
+tests to running what they drew, read in the properties' source; and the plugin files each entry on
+sharded and unsharded nodes.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ ADMITTED = "as_admitted"
 
 
 def _pairs(reading: bool = False) -> list[tuple[str, str]]:
-    """(entry, test) for every test an entry names; `reading`: only entries whose rule reads the case."""
+    """(entry, test) for every test an entry names; `reading`: only entries whose rule reads the drawn case."""
     return [(d.id, t) for d in ledger.LEDGER for t in dict.fromkeys((d.test, *d.also))
-            if not reading or ledger_cases.reads_the_case(d.id)]
+            if not reading or ledger_cases.reads_the_drawn_case(d.id)]
 
 
 def _functions() -> dict[str, tuple[Path, ast.FunctionDef]]:
@@ -92,8 +93,65 @@ def test_a_ledger_covered_property_runs_the_case_it_drew(entry_id: str, test: st
     path, fn = functions[test]
     bad = _rewrites(fn)
     assert not bad, (f"{path.name}::{test} ({entry_id}) rewrites what it drew, so the entry's case rule would "
-                     f"judge another case than the one that ran: {bad}; draw the kind of call instead "
-                     "(fixtures.strategies: attn_res_cases().map(kind))")
+                     f"judge another case than the one that ran: {bad}; state the rule over the call "
+                     "(harness/ledger_cases.py CALL_VIEWS) or run what was drawn")
+
+
+def test_a_race_rule_judges_the_call_that_ran_not_the_case_drawn():
+    """The false positive of issue 32, on the CPU: a body that adds a delta to a drawn case without one and
+    fails on the call is K3N-007's (the call had the delta); the same failure on a call that ran without a
+    delta, or on a drawn case that never reached the kernel, is not."""
+    import dataclasses
+
+    import torch
+
+    from k3num.engines import base
+    from k3num.engines.base import Engine
+    from k3num.harness import ledger_run
+    from k3num.harness.ledger_cases import K3N_007
+    from k3num.oracles.drift import COLLECTOR
+
+    def racy(*args, **kwargs):
+        raise AssertionError("5 distinct outputs in 152 calls")
+
+    rocm = Engine("vllm-rocm", "0.33.0", "source-gpu", {base.ATTN_RES: racy})
+    drawn = dataclasses.replace(K3N_007, with_delta=False, with_output_norm=False)
+
+    def call(engine, case, delta: bool) -> None:
+        t, h = case.tokens, case.hidden
+        x = torch.zeros(t, h)
+        engine.subject(base.ATTN_RES)(x, x if delta else None, torch.zeros(t, case.bank, h), x[0], x[0], x[0],
+                                      case.num_blocks, -1, 1e-5, 1e-5)
+
+    def test_attn_res_in_place_prefix_rewrite_is_deterministic(engine, case):
+        case = dataclasses.replace(case, with_delta=True, with_output_norm=True, block_write_idx=-1)
+        call(engine, case, delta=case.with_delta)
+
+    body = ledger_run.ledgered(test_attn_res_in_place_prefix_rewrite_is_deterministic)
+    body._k3num_entries["vllm-rocm"] = [ledger.by_id("K3N-007")]
+    COLLECTOR.node = "probe"
+    try:
+        body(engine=rocm, case=drawn)  # known: the call that ran had the delta
+        assert ledger_run._KNOWN.pop("probe", []) == ["K3N-007"]
+
+        def test_without_the_delta(engine, case):
+            call(engine, case, delta=False)
+
+        plain = ledger_run.ledgered(test_without_the_delta)
+        plain._k3num_entries["vllm-rocm"] = [ledger.by_id("K3N-007")]
+        with pytest.raises(AssertionError, match="distinct outputs"):
+            plain(engine=rocm, case=K3N_007)  # drawn with a delta, ran without: not the race
+
+        def test_fails_before_the_call(engine, case):
+            raise AssertionError("refused")
+
+        early = ledger_run.ledgered(test_fails_before_the_call)
+        early._k3num_entries["vllm-rocm"] = [ledger.by_id("K3N-007")]
+        with pytest.raises(AssertionError, match="refused"):
+            early(engine=rocm, case=K3N_007)
+    finally:
+        COLLECTOR.node = ""
+        ledger_run._KNOWN.pop("probe", None)
 
 
 def test_the_rewrite_check_sees_each_form_of_the_old_bodies():

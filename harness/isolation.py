@@ -10,6 +10,10 @@ kernel failed the 33 tests after it with "CUDA error: an illegal memory access w
   hypothesis' engine with its failing examples. After the failure has been reported (and after any
   --pdb session), the frames of the exception, of its causes and of the exceptions it groups are
   cleared and the references dropped; garbage is collected and the allocator's cached blocks returned.
+  The oracle's per-device cached constants are dropped too (refmodel.drop_cached_constants): a failed
+  test's kernel may have written outside its buffers into them (issue 32, GPU run 53: the planted
+  `_combine_kernel` launched one 1024-wide H block over 96-wide rows and its stores reached the cached
+  RoPE inverse frequencies; the DFlash writer's test that ran later read NaN cos/sin in its oracle).
 - `context_lost`: after a failed test on a CUDA process, a synchronize and one tiny kernel tell
   whether the context still works. An illegal address or an unknown error is sticky: every later CUDA
   call fails. Such a process runs nothing more: serially, its later tests are skipped as
@@ -57,6 +61,10 @@ def release_failure(exc: BaseException | None = None) -> None:
             setattr(sys, name, None)
     for drop in AT_FAILURE:
         drop()
+    # the oracle's device-resident constants: the failed test's kernel may have written over them
+    from k3num import refmodel
+
+    refmodel.drop_cached_constants()
     gc.collect()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():

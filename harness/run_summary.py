@@ -77,6 +77,9 @@ def _judge_the_account(session: pytest.Session) -> None:
     # (only where tests of ours took an engine: a foreign suite that names an engine through
     # K3NUM_ENGINE_SRC for k3num.api.engine is not judged by this rule)
     empty = accounting.ran_nothing(_outcomes(), _named_engines(config)) if _ACCOUNT else []
+    if session.exitstatus == pytest.ExitCode.INTERRUPTED:  # not "no test applies": none got its turn
+        empty = [(name, "the run was interrupted before any of its tests ran" if why.startswith("no selected")
+                  else why) for name, why in empty]
     config._k3num_empty = empty  # type: ignore[attr-defined]
     # collected and never reported: a test xdist dropped (its restart limit reached after crashed
     # workers) or a run cut short; said by name, and a run that meant to run them does not pass

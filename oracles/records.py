@@ -138,11 +138,16 @@ def not_run(*, property: str, engine: str, node: str, why: str) -> Record:
 
 
 def failure_message(r: Record) -> str:
+    # a rule with no baseline says so by leaving baseline_err NaN: the message then names none
+    baseline = f"; baseline err {r.baseline_err:.3e}" if math.isfinite(r.baseline_err) else ""
+    corrupt = ("" if math.isfinite(r.budget) else
+               " (the budget is not finite: the oracle's reference or the budget's inputs hold NaN/Inf; a kernel "
+               "under test may have written over the harness's state)")
     return (
         f"{r.property} [{r.engine} {r.engine_version}, {r.mode}] {r.subject} {r.dtype} {r.shape} seed={r.seed}: "
         f"{r.over_budget} of {r.numel} elements over budget ({_fraction(r.over_budget, r.numel)}); "
-        f"max_abs {r.max_abs:.3e} vs budget {r.budget:.3e} ({r.budget_rule}; baseline err "
-        f"{r.baseline_err:.3e}); ratio {r.ratio:.2f}; rel_fro {r.rel_fro:.3e}; max_ulp {r.max_ulp:.1f}; "
+        f"max_abs {r.max_abs:.3e} vs budget {r.budget:.3e}{corrupt} ({r.budget_rule}{baseline}); ratio {r.ratio:.2f}; "
+        f"rel_fro {r.rel_fro:.3e}; max_ulp {r.max_ulp:.1f}; "
         f"cosine {r.cosine:.6f}; NaN/Inf mismatches {r.nonfinite_mismatch}; worst at {r.worst or '-'}"
         + (f"; {r.detail}" if r.detail else "")
     )

@@ -175,3 +175,20 @@ def test_a_run_cut_by_its_time_limit_names_the_limit_not_crashed_workers(tmp_pat
                            env=dict(os.environ, K3NUM_OWN_TESTS=str(tmp_path / "suite")))
         assert r.returncode == 2, r.stdout[-3000:]  # pytest's own exit code for an interrupted run
         assert said in r.stdout and "xdist" not in r.stdout, r.stdout[-3000:]
+
+
+def test_a_failed_tests_stray_stores_into_the_oracles_cached_constants_do_not_reach_the_next_test() -> None:
+    """Issue 32 (GPU run 53): a planted kernel's out-of-bounds stores overwrote the oracle's cached RoPE
+    inverse frequencies in device memory, and an unrelated later test's oracle read NaN. After a failed
+    test the cached constants are computed afresh. (The stray store is simulated by writing the cached
+    tensor in place, which is what it did.)"""
+    import torch
+
+    from k3num.refmodel import rope
+    from k3num.refmodel.geometry import RopeSpec
+
+    spec = RopeSpec(8, 10000.0, "neox", None)
+    rope.inv_freq(spec).fill_(float("nan"))  # the cached tensor itself
+    assert torch.isnan(rope.inv_freq(spec)).all()  # what the next test would have read
+    isolation.release_failure()
+    assert torch.isfinite(rope.inv_freq(spec)).all()

@@ -101,3 +101,13 @@ def skip_groups(outcomes: Sequence[Outcome]) -> list[tuple[int, str]]:
 def _commonest(reasons: Iterable[str]) -> str:
     c = Counter(r for r in reasons if r)
     return c.most_common(1)[0][0] if c else ""
+
+
+def clip(text: str, width: int) -> str:
+    """`text` whole when it fits in `width` characters, else cut at the last word boundary before it and
+    marked as cut ("..." at the end)."""
+    if len(text) <= width:
+        return text
+    cut = text[: max(width - 4, 1)]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > width // 2 else cut).rstrip(" ,;:") + " ..."

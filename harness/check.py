@@ -157,7 +157,7 @@ def unexplained_unpaired(unpaired: pd.DataFrame, examples: pd.DataFrame) -> pd.D
     return unpaired[keep]
 
 
-def markdown(found: pd.DataFrame, drift: pd.DataFrame, args: argparse.Namespace, bundles: list[str],
+def markdown(found: pd.DataFrame, drift: pd.DataFrame, args: argparse.Namespace, replay: list[str],
              oracle: str = "", split: str = "", unpaired: pd.DataFrame | None = None) -> str:
     """check.md: new first, then what the head cannot run, drift, fixed and known."""
     short = lambda node: node.split("::", 1)[-1]  # noqa: E731
@@ -183,8 +183,8 @@ def markdown(found: pd.DataFrame, drift: pd.DataFrame, args: argparse.Namespace,
         lines += ["| property test | new | of | first failure |", "| --- | --- | --- | --- |"]
         lines += [f"| `{short(r.node)}` | {r.new} | {r.examples} | {r.first_new.replace('|', '/')} |"
                   for r in new.itertuples()]
-        if bundles:
-            lines += ["", f"Repro bundles (`k3num replay FILE --engine-src ...`): {', '.join(sorted(bundles))}"]
+        if replay:
+            lines += ["", "Repro bundles, each replayed on the head by:", ""] + [f"    {c}" for c in replay]
     else:
         lines += ["None."]
     lines += ["", "## What the head cannot run (the base can)", ""]
@@ -230,7 +230,19 @@ def _run(cmd: list[str], env: dict, out: Path, k: str | None) -> int:
     return 0
 
 
+# what a check writes into --out: a run that produced a result replaces exactly these; nothing else there is touched
+OWNED = ("check.md", "check.csv", "examples.csv", "records.csv", "unpaired.csv", "drift.csv", "drift.meta.json",
+         "repro", "side-head", "side-base")
+
+
 def cmd_check(args: argparse.Namespace) -> int:
+    """Exit 0 nothing new, 1 new or drifting, 2 could not run. The run writes into a fresh folder inside --out
+    and, once it has a result, replaces the previous run's files there (OWNED) with its own: a run that
+    could not start or could not judge leaves the previous results as they were, and no file of an
+    earlier run survives beside a new one (bundles included)."""
+    import shutil
+    import tempfile
+
     try:
         pin, head, base = validate(args)
     except CheckError as e:
@@ -238,8 +250,26 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("examples.csv", "records.csv", "check.md", "check.csv", "unpaired.csv"):
-        (out / stale).unlink(missing_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".check-run-", dir=out))
+    try:
+        rc = _check(args, pin, head, base, stage, out)
+        if rc is None:
+            return 2
+        for name in OWNED:
+            old = out / name
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old)
+            elif old.exists() or old.is_symlink():
+                old.unlink()
+        for item in stage.iterdir():
+            item.rename(out / item.name)
+        return rc
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _check(args: argparse.Namespace, pin: str, head: Path, base: str, stage: Path, out: Path) -> int | None:
+    """The check run into `stage`; its exit code, or None when it could not run (the reason printed)."""
     child_env = env.child({"K3NUM_ENGINE_MODE": "source"})
     split = two_processes(args, head, base)
     unpaired = pd.DataFrame(columns=["node", "example", "why"])
@@ -247,37 +277,36 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"[check] {args.engine}: head {head} against base {base}, one process each ({split})", file=sys.stderr)
         sides = {}
         for side, tree in (("head", head), ("base", None if base == "pinned" else Path(base))):
-            d = out / f"side-{side}"
+            d = stage / f"side-{side}"
             print(f"[check] the {side}'s run", file=sys.stderr)
-            rc = _run(side_command(args, pin, tree, side, d), child_env, d, args.k)
-            if rc:
-                return rc
+            if _run(side_command(args, pin, tree, side, d), child_env, d, args.k):
+                return None
             sides[side] = (pd.read_csv(d / "examples.csv", keep_default_na=False),
                            pd.read_csv(d / "records.csv", keep_default_na=False))
         examples, records, unpaired = pairing.join_sides(sides["head"][0], sides["base"][0], sides["head"][1],
                                                          sides["base"][1])
-        examples.to_csv(out / "examples.csv", index=False)
-        records.to_csv(out / "records.csv", index=False)
-        unpaired.to_csv(out / "unpaired.csv", index=False)
+        examples.to_csv(stage / "examples.csv", index=False)
+        records.to_csv(stage / "records.csv", index=False)
+        unpaired.to_csv(stage / "unpaired.csv", index=False)
     else:
         print(f"[check] {args.engine}: head {head} against base {base}; running the paired properties",
               file=sys.stderr)
-        rc = _run(pytest_command(args, pin, head, base, out), child_env, out, args.k)
-        if rc:
-            return rc
-        examples = pd.read_csv(out / "examples.csv", keep_default_na=False)
-        records = pd.read_csv(out / "records.csv", keep_default_na=False)
+        if _run(pytest_command(args, pin, head, base, stage), child_env, stage, args.k):
+            return None
+        examples = pd.read_csv(stage / "examples.csv", keep_default_na=False)
+        records = pd.read_csv(stage / "records.csv", keep_default_na=False)
     if examples.empty:
         print("[check] ERROR: no example ran on both sides (every selected test skipped?): nothing was checked",
               file=sys.stderr)
-        return 2
+        return None
     for c in ("max_abs", "budget", "ratio"):
         records[c] = pd.to_numeric(records[c], errors="coerce")
     found, drift = pairing.outcomes(examples), pairing.paired_drift(records)
-    bundles = [p.name for p in (out / "repro").glob("*.safetensors")] if (out / "repro").is_dir() else []
-    _rows(found, drift, args.engine).to_csv(out / "check.csv", index=False)
+    bundles = sorted(p.name for p in (stage / "repro").glob("*.safetensors")) if (stage / "repro").is_dir() else []
+    _rows(found, drift, args.engine).to_csv(stage / "check.csv", index=False)
     bad_pairs = unexplained_unpaired(unpaired, examples)
-    (out / "check.md").write_text(markdown(found, drift, args, bundles, oracle_line(examples), split, bad_pairs))
+    replay = replay_commands(bundles, out / "repro", pin, head, args.device)
+    (stage / "check.md").write_text(markdown(found, drift, args, replay, oracle_line(examples), split, bad_pairs))
     rc = pairing.exit_code(found, drift)
     if len(bad_pairs):
         print(f"[check] ERROR: {len(bad_pairs)} example(s) could not be paired between the two processes "
@@ -289,6 +318,15 @@ def cmd_check(args: argparse.Namespace) -> int:
           f"{int(found['fixed'].gt(0).sum())} fixed, "
           f"{int(found['known'].gt(0).sum())} known; {out / 'check.md'}", file=sys.stderr)
     return rc
+
+
+def replay_commands(bundles: list[str], repro: Path, pin: str, head: Path, device: str | None) -> list[str]:
+    """The command that replays each bundle on the head, as it runs when pasted (paths as they will be)."""
+    import shlex
+
+    dev = f" --device {shlex.quote(device)}" if device else ""
+    return [f"k3num replay {shlex.quote(str(repro / name))} --engine-src {shlex.quote(f'{pin}={head}')}{dev}"
+            for name in bundles]
 
 
 def add_parser(sub) -> None:

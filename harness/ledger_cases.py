@@ -151,6 +151,43 @@ CASES: dict[str, LedgerCase] = {
 }
 
 
+@dataclass(frozen=True)
+class CheckpointRule:
+    """Where an entry's finding reaches a user's own checkpoint (`--checkpoint`): the checkpoint property it
+    fails, whether a checkpoint is inside (decided at collection from its config and scales), and what
+    that means for the checkpoint, in one line. A checkpoint inside is reported known, naming the entry;
+    one outside is judged plainly."""
+
+    test: str
+    inside: Callable[[Any], bool]  # fixtures.checkpoint.Checkpoint -> bool
+    meaning: str
+
+
+def _block_fp8_not_whole_blocks(c: Any) -> bool:
+    g = c.draft_geometry()
+    return c.is_draft and c.quant == "fp8" and g.kv_width % 128 != 0 and g.num_layers >= 2
+
+
+def _nvfp4_per_layer_scales(c: Any) -> bool:
+    if not (c.is_draft and c.quant in ("nvfp4-ct", "nvfp4-modelopt")):
+        return False
+    key = "weight_global_scale" if c.quant == "nvfp4-ct" else "weight_scale_2"
+    scales = {float(c.kv_shard(layer)[key].reshape(-1)[0]) for layer in range(c.draft_geometry().num_layers)}
+    return len(scales) > 1
+
+
+CHECKPOINT_TEST = "test_checkpoint_quantized_shards_load_as_the_per_layer_weights"
+CHECKPOINT_RULES: dict[str, CheckpointRule] = {
+    "K3N-011": CheckpointRule(CHECKPOINT_TEST, _block_fp8_not_whole_blocks,
+                              "vLLM 0.33.0 would load this block-FP8 draft's merged context-KV weight with block "
+                              "scales misplaced (its per-layer width is not a multiple of 128): some layers' context "
+                              "KV would come from wrongly scaled rows"),
+    "K3N-012": CheckpointRule(CHECKPOINT_TEST, _nvfp4_per_layer_scales,
+                              "vLLM 0.33.0 would keep one per-tensor scale for this NVFP4 draft's merged context-KV "
+                              "weight while its layers carry their own: every layer but one is loaded rescaled"),
+}
+
+
 def _heads_differ(case: KVTransferCase) -> bool:
     per_rank = lambda tp: max(1, case.heads // tp)  # noqa: E731 (refmodel.transfer_plan.KVLayout.heads_per_rank)
     return per_rank(case.src_tp) != per_rank(case.dst_tp)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from typing import Any
 
 import pytest
 
-from k3num.oracles import ledger
+from k3num.oracles import ledger, records
 from k3num.oracles.drift import COLLECTOR
 
 _KNOWN: dict[str, list[str]] = {}  # node id -> the entry id of each failing case inside its rule
@@ -46,6 +47,9 @@ def ledgered(inner):
             if not covering:
                 raise  # outside every entry's cases: a failure like any other
             _KNOWN.setdefault(COLLECTOR.node, []).append(covering[0])
+            why = str(sys.exc_info()[1]).strip().splitlines()
+            COLLECTOR.add(records.known_case(property=inner.__name__, engine=kwargs["engine"], ledger=covering[0],
+                                             node=COLLECTOR.node, why=why[0] if why else ""))
 
     body._k3num_entries = entries  # type: ignore[attr-defined]
     return body

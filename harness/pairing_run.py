@@ -38,7 +38,7 @@ from hypothesis.errors import HypothesisException
 
 from k3num.engines import registry
 from k3num.engines.base import Engine
-from k3num.harness import oracle_memo, side_cases
+from k3num.harness import accounting, oracle_memo, side_cases
 from k3num.oracles import pairing
 from k3num.oracles.drift import COLLECTOR
 
@@ -165,7 +165,8 @@ def _run_side(inner, args, kwargs, side: str) -> tuple[str, str, list]:
     except HypothesisException:
         raise  # hypothesis' own control flow (a rejected draw) and its usage errors are not outcomes
     except (pytest.fail.Exception, Exception) as e:  # an assertion, a refusal not raised, any error
-        outcome, why = pairing.FAIL, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        outcome, why = pairing.FAIL, accounting.clip(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                                                      300)
     finally:
         SIDE["side"] = before
     return outcome, why, COLLECTOR.records[n0:]

@@ -649,6 +649,15 @@ def _bound() -> dict[str, str]:
             for e in registry.built()}
 
 
+def _checkpoint_hits(ctx: run.RunContext, entry_id: str) -> bool:
+    """Whether the run's checkpoint (none: no) is inside the entry's checkpoint rule."""
+    from k3num.fixtures import checkpoint
+    from k3num.harness import ledger_cases
+
+    c = checkpoint.opened(ctx.checkpoint)
+    return c is not None and bool(ledger_cases.CHECKPOINT_RULES[entry_id].inside(c))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from k3num.harness import ledger_cases, ledger_run
     from k3num.supply import installed
@@ -687,6 +696,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # patch) is judged plainly, a tree that changed only other files of the engine keeps the entry
         found = [d for d in found if pin is not None
                  and applies.setdefault(d.id, pinned_files(ctx.source(pin.engine), d.files))]
+        # a user's checkpoint hits an entry or not, decided once from its config and scales
+        by_ckpt = [d for d in found if ledger_cases.CHECKPOINT_RULES.get(d.id, None) is not None
+                   and ledger_cases.CHECKPOINT_RULES[d.id].test == test]
+        found = [d for d in found if d not in by_ckpt]
+        hit = [d for d in by_ckpt if _checkpoint_hits(ctx, d.id)]
+        if hit:
+            d = hit[0]
+            item.k3num_ledger = d.id  # type: ignore[attr-defined]
+            item.add_marker(pytest.mark.xfail(strict=True, reason=(
+                f"{d.id} ({d.upstream}): your checkpoint {ctx.checkpoint} is inside it: "
+                f"{ledger_cases.CHECKPOINT_RULES[d.id].meaning}")))
+            continue
         if not found:
             continue
         item.k3num_ledger = found[0].id  # type: ignore[attr-defined]  # read by _ledger_context

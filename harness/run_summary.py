@@ -22,7 +22,11 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when in ("setup", "call"):
         _REPORTED.add(report.nodeid)
     tags = dict(p for p in report.user_properties if isinstance(p, tuple) and len(p) == 2)
-    if "k3num_engine" not in tags:
+    if "k3num_engine" not in tags:  # a test of ours without an engine: its skip still counts
+        decided = accounting.outcome_of(report.when, report.outcome, bool(getattr(report, "wasxfail", "")))
+        if decided == "skipped" and report.nodeid in _COLLECTED and isinstance(report.longrepr, tuple) \
+                and len(report.longrepr) == 3:
+            _UNTAGGED_SKIPS[report.nodeid] = accounting.short_reason(str(report.longrepr[2]))
         return
     state = _ACCOUNT.setdefault(report.nodeid, {"engine": str(tags["k3num_engine"])})
     decided = accounting.outcome_of(report.when, report.outcome, bool(getattr(report, "wasxfail", "")))
@@ -33,6 +37,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 _ACCOUNT: dict[str, dict[str, str]] = {}  # node id -> engine, outcome, reason (this process's view)
+_UNTAGGED_SKIPS: dict[str, str] = {}  # node id -> skip reason of a test of ours that takes no engine
 _COLLECTED: set[str] = set()  # every test collected (on an xdist controller: every worker's collection)
 _REPORTED: set[str] = set()  # every test a report arrived for
 
@@ -115,11 +120,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     tw = config._k3num_tr._tw  # type: ignore[attr-defined]
     outcomes = _outcomes()
     tw.sep("=", "k3-numerics")
-    groups = accounting.skip_groups(outcomes)
+    groups = accounting.skip_groups(outcomes + [accounting.Outcome(node, "", "skipped", why)
+                                                for node, why in _UNTAGGED_SKIPS.items()])
     if groups and not _asks_skips(config):
         tw.line(f"skipped, by reason ({sum(n for n, _ in groups)}; -rs lists each):")
         for n, reason in groups[:12]:
-            tw.line(f"  {n:5d}  {reason[:160]}")
+            tw.line(f"  {n:5d}  {accounting.clip(reason, 160)}")
         if len(groups) > 12:
             tw.line(f"  ... and {len(groups) - 12} more reasons ({sum(n for n, _ in groups[12:])} skips)")
     gpus = getattr(config, "_k3num_gpus", None)

@@ -132,7 +132,7 @@ def summarize_run(df: pd.DataFrame, meta: dict) -> dict:
                                "err_median": float(h["max_abs"].median()), "err_max": float(h["max_abs"].max()),
                                "budget_median": float(h["budget"].median())})
     led = df[df["ledger"] != ""]
-    ledger = [{"ledger": k, "records": int(len(h)), "failing": int((h["verdict"] == "fail").sum())}
+    ledger = [{"ledger": k, "records": int(len(h)), "failing": int(h["verdict"].isin(("fail", "known")).sum())}
               for k, h in led.groupby("ledger")]
     return {"schema": SCHEMA, "meta": meta, "groups": groups, "by_len": by_len, "worst": worst, "ledger": ledger}
 

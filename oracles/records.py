@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 
@@ -19,7 +20,8 @@ PASS, FAIL, INFO = "pass", "fail", "info"
 # a test that never ran because the process could not run it (its CUDA context was lost): neither a
 # pass nor a failure, counted apart
 NOT_RUN = "not-run"
-UNJUDGED = (INFO, NOT_RUN)  # verdicts no ratio statistic takes in
+KNOWN = "known"  # a failing case inside a ledger entry's rule, recorded as such (no metric: the test judged none)
+UNJUDGED = (INFO, NOT_RUN, KNOWN)  # verdicts no ratio statistic takes in
 # set by properties.support under --repro-dir: each record then carries the compared tensors in
 # `extra` ("actual", "reference") until the bundle is written (they never reach the CSV)
 KEEP_TENSORS = False
@@ -135,6 +137,18 @@ def not_run(*, property: str, engine: str, node: str, why: str) -> Record:
                   subject="", device="", dtype="", shape="", reduction_len=0, seed=0, max_abs=nan, rel_fro=nan,
                   max_ulp=nan, cosine=nan, nonfinite_mismatch=0, worst="", baseline_err=nan, budget=nan,
                   budget_rule="", ratio=nan, verdict=NOT_RUN, detail=why[:400], node=node)
+
+
+def known_case(*, property: str, engine: Any, ledger: str, node: str, why: str) -> Record:
+    """The record of a failing case inside ledger entry `ledger`'s rule (verdict KNOWN): a test that judges by
+    an exact contract or a refusal leaves no metric record of its own, and the run must still show that the
+    entry was exercised and still fails."""
+    nan = math.nan
+    return Record(property=property, engine=engine.name, engine_version=engine.version, mode=engine.mode,
+                  real_ops=engine.real_ops, source_sha256="", subject="", device="", dtype="", shape="",
+                  reduction_len=0, seed=0, max_abs=nan, rel_fro=nan, max_ulp=nan, cosine=nan, nonfinite_mismatch=0,
+                  worst="", baseline_err=nan, budget=nan, budget_rule="", ratio=nan, verdict=KNOWN,
+                  detail=why[:400], ledger=ledger, node=node)
 
 
 def failure_message(r: Record) -> str:

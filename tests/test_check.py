@@ -6,6 +6,8 @@ mixture bug, a tree that changed a bound contract, and the pinned bytes against 
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -188,6 +190,19 @@ def test_check_reports_a_planted_vllm_bug_as_new_with_repro_bundles(tmp_path):
     new = text.split("## New failures")[1].split("##")[0]
     assert "test_attn_res_within_rounding_budget_of_oracle[vllm]" in new
     assert list((out / "repro").glob("attn_res_within_rounding_budget-vllm-*.safetensors"))
+    # the bundle line is a command that runs as printed: it replays the failure on the head (exit 1)
+    command = next(line.strip() for line in new.splitlines() if line.strip().startswith("k3num replay "))
+    assert str(out / "repro") in command and f"vllm={head}" in command
+    k3num = shutil.which("k3num")
+    if k3num:
+        r = subprocess.run([k3num, *shlex.split(command)[1:]], capture_output=True, text=True, timeout=600)
+        assert r.returncode == 1 and "FAIL" in r.stdout + r.stderr, r.stdout + r.stderr
+    # the next run into the same folder owns it whole: the pinned bytes pass, and no bundle of the
+    # failing run is left beside its result
+    rc, text, out = _check(tmp_path, "--engine", "vllm", "--head", str(fixes.pinned_tree("vllm", tmp_path / "p")),
+                           "-k", "test_attn_res_within_rounding_budget_of_oracle")
+    assert rc == 0 and "# k3num check: PASS" in text, text
+    assert not (out / "repro").exists() and not list(out.glob(".check-run-*"))
 
 
 def test_check_shows_a_changed_contract_as_what_the_head_cannot_run(tmp_path):
@@ -211,11 +226,17 @@ def test_check_refuses_bad_input_before_running(tmp_path, capsys):
     assert f"lacks the bound file(s) {fetch.PINS['vllm'].files[0]}" in capsys.readouterr().err
 
 
-def test_check_says_when_its_selection_checked_nothing(tmp_path):
+def test_check_says_when_its_selection_checked_nothing_and_leaves_the_last_result_as_it_was(tmp_path):
     _need("tokenspeed")
     head = fixes.pinned_tree("tokenspeed", tmp_path / "t")
-    rc, text, _ = _check(tmp_path, "--engine", "tokenspeed", "--head", str(head), "-k", "no_such_property")
+    last = tmp_path / "check"
+    (last / "repro").mkdir(parents=True)
+    for name, text in (("check.md", "# k3num check: PASS\n"), ("check.csv", "node\n"), ("repro/b.safetensors", "x")):
+        (last / name).write_text(text)
+    rc, text, out = _check(tmp_path, "--engine", "tokenspeed", "--head", str(head), "-k", "no_such_property")
     assert rc == 2 and "no property test selected by -k no_such_property" in text
+    assert (out / "check.md").read_text() == "# k3num check: PASS\n" and (out / "check.csv").is_file()
+    assert (out / "repro" / "b.safetensors").is_file() and not list(out.glob(".check-run-*"))
 
 
 # ---- two processes: the base replays the head's cases ------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import re
 import sys
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ class Row:
 
 # Kernels and code paths of the three releases (and the kernel packages they require) that are not
 # bound here, with the reason. A row leaves this list when an adapter binds it.
-NEEDS_SM100 = "needs an SM100 (Blackwell) GPU; the device here is an H200 (SM90)"
+NEEDS_SM100 = "needs an SM100 (Blackwell) GPU; {here}"  # {here}: what this machine has (machine_here())
 UNBOUND: tuple[Row, ...] = (
     Row("tokenspeed", "tokenspeed_kernel/ops/kvcache/triton.py", "mla_latent_norm_rope_scatter", "triton", "1", "",
         "TokenSpeed's DFlash drafter's fused MLA context write (execution/drafter/dflash.py "
@@ -151,10 +152,21 @@ def _uses(fn: ast.AST, constants: dict[str, str], names: dict[str, str]) -> set[
     return used
 
 
+def machine_here() -> str:
+    """What this machine has, as the table's reasons say it: its GPU by name and compute capability, or none."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "this machine has no CUDA device"
+    major, minor = torch.cuda.get_device_capability(0)
+    return f"this machine's GPU is {torch.cuda.get_device_name(0)} (SM{major}{minor})"
+
+
 def table() -> pd.DataFrame:
     judges = judged_by()
+    here = machine_here()
     rows = []
-    for r in [*bound_rows(), *UNBOUND]:
+    for r in [*bound_rows(), *(dataclasses.replace(u, why_not=u.why_not.replace("{here}", here)) for u in UNBOUND)]:
         props = sorted({p for subj in r.subject.split(",") if subj for p in judges.get(subj, [])})
         rows.append({"engine": r.engine, "file": r.file, "function": r.function, "language": r.language,
                      "path": r.path, "bound": "yes" if r.subject else "no", "properties": "; ".join(props),

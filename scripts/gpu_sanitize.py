@@ -56,13 +56,15 @@ def main(argv: list[str] | None = None) -> int:
         return SKIPPED
     rows: list[dict] = []
     env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "PYTHONUNBUFFERED": "1"}
-    runs = [(tool, ["--cases", "model"]) for tool in tools]
+    # initcheck runs without the poison and with GEMM outputs marked initialised, its unwritten mutants beside
+    # the engines (scripts/sanitize_subjects.py --initcheck says why)
+    runs = [(tool, ["--cases", "model", *(["--initcheck"] if tool == "initcheck" else [])]) for tool in tools]
     if "memcheck" in tools:  # each out-of-bounds reproducer in its own process (the context dies after it)
         runs += [("memcheck", ["--cases", "off-path", "--only", label]) for label in OFF_PATH]
     for tool, extra in runs:
         cmd = [exe, "--tool", tool, "--print-limit", "200", "--target-processes", "all",
                sys.executable, str(ROOT / "scripts" / "sanitize_subjects.py"), "--engines", args.engines, *extra]
-        what = " ".join(extra[1:])
+        what = " ".join(x for x in extra[1:] if not x.startswith("--"))
         print(f"== {tool} [{what}]", flush=True)
         t0 = time.time()
         try:
@@ -88,11 +90,26 @@ def main(argv: list[str] | None = None) -> int:
     df.to_csv(args.out / "sanitizer.csv", index=False)
     md = ["# compute-sanitizer over the kernel subjects", "", "```",
           df.drop(columns=["first_report"]).to_string(index=False), "```", ""]
+    if "initcheck" in tools:
+        md += initcheck_account(rows) + [""]
     for f in (r for r in rows if r["first_report"]):
         md.append(f"- **{f['tool']}** {f['subject']} `{f['kernel']}`: {f['first_report'][:300]}")
     (args.out / "sanitizer.md").write_text("\n".join(md) + "\n")
     print(df.drop(columns=["first_report"]).to_string(index=False))
     return 0
+
+
+def initcheck_account(rows: list[dict]) -> list[str]:
+    """initcheck's reports split by whose case they fall in: the engines' (what needs explaining: 0 on a clean
+    run), the unwritten-output mutants' (must be > 0: the mode sees an unwritten read) and the control's."""
+    found = [r for r in rows if r["tool"] == "initcheck" and r["kernel"] != "(summary)"]
+    mutant = sum(int(r["reports"]) for r in found if r["subject"].startswith("mutant-"))
+    control = sum(int(r["reports"]) for r in found if r["subject"].startswith("control "))
+    engines = sum(int(r["reports"]) for r in found if not r["subject"].startswith(("mutant-", "control ")))
+    ok = engines == 0 and control == 0 and mutant > 0
+    return [f"initcheck: {engines} report(s) in the engines' cases (unexplained: 0 expected), {control} in the "
+            f"cuBLAS control (0 expected), {mutant} in the unwritten-output mutants (> 0 expected): "
+            f"{'as expected' if ok else 'NOT as expected'}"]
 
 
 if __name__ == "__main__":

@@ -43,6 +43,40 @@ CASES = {
 
 
 OFF_PATH = ("K3N-009:num_blocks>bank", "K3N-008:H=1536,nvb=2")
+# under initcheck: the self-tests' mutants that leave part of an output unwritten (tests/mutants.py), run
+# beside the engines; their reads of the unwritten part must be reported, or the mode cannot see what it is for
+UNWRITTEN_MUTANTS = ("attn_res_last_token_unwritten", "residual_tail_unwritten")
+INITCHECK_NOTE = ("initcheck: allocations are not poisoned (the poison writes every byte, hiding exactly the "
+                  "unwritten reads initcheck looks for); torch linear's outputs are zero-filled before cuBLAS "
+                  "writes them (initcheck does not see cuBLAS's stores on the H200: a plain linear + permute + "
+                  "contiguous reported 368,640 uninitialised reads; the control case below shows 0 with the fill); "
+                  "every output a subject returns is read once after its call, so an element it left unwritten "
+                  "is reported in that subject's case")
+
+
+def _gemm_outputs_initialised() -> None:
+    """torch.nn.functional.linear with its output zero-filled (a write initcheck tracks) before cuBLAS writes
+    it (one it does not track here): the stand-ins' and lifted code's GEMMs then read as initialised."""
+    import torch.nn.functional as F
+
+    plain = F.linear
+
+    def linear(x, w, b=None):  # noqa: ANN001
+        out = torch.zeros(*x.shape[:-1], w.shape[0], dtype=torch.result_type(x, w), device=x.device)
+        torch.matmul(x, w.t(), out=out)
+        return out + b if b is not None else out
+
+    linear.plain = plain  # type: ignore[attr-defined]
+    F.linear = linear
+
+
+def _control() -> None:
+    """The control of initcheck's blind spot: a plain linear (bf16 [64, 7168] x [2880, 7168]) then a permuted
+    copy, as the context-KV stand-in does; with the fill above: no report."""
+    x = torch.randn(64, 7168, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2880, 7168, device="cuda", dtype=torch.bfloat16)
+    y = torch.nn.functional.linear(x, w).view(64, 5, 576).permute(1, 0, 2).contiguous()
+    y.float().sum().item()
 
 
 def main() -> int:
@@ -53,12 +87,27 @@ def main() -> int:
                          "reproducers (K3N-008, K3N-009), each best run in a process of its own: after the first "
                          "invalid access memcheck leaves the CUDA context unusable")
     ap.add_argument("--only", default="", help="run only the case whose label is this")
+    ap.add_argument("--initcheck", action="store_true",
+                    help="the run initcheck watches: " + INITCHECK_NOTE + "; the unwritten-output mutants run too")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("sanitize_subjects: needs CUDA", file=sys.stderr)
         return 2
     failures = 0
-    for name in args.engines.split(","):
+    engines = args.engines.split(",")
+    if args.initcheck:
+        print(f"NOTE {INITCHECK_NOTE}", flush=True)
+        _gemm_outputs_initialised()
+        from tests import mutants
+
+        for m in UNWRITTEN_MUTANTS:
+            registry.register(f"mutant-{m}", lambda m=m: mutants.build(m))
+        engines += [f"mutant-{m}" for m in UNWRITTEN_MUTANTS]
+        print(f"{sanitizer.MARKER}control linear control:cuBLAS-output", flush=True)
+        _control()
+        torch.cuda.synchronize()
+        print("   ran control linear control:cuBLAS-output", flush=True)
+    for name in engines:
         try:
             engine = registry.get(name)
         except registry.EngineUnavailable as e:
@@ -74,8 +123,14 @@ def main() -> int:
                     continue
                 print(f"{sanitizer.MARKER}{name} {subj} {label}", flush=True)
                 try:
-                    with hunt.poisoned_allocations():
-                        make(engine, engine.subject(subj), case, "cuda")()
+                    once = make(engine, engine.subject(subj), case, "cuda")
+                    if args.initcheck:  # every output read once: an element left unwritten is reported here
+                        outs, _ = once()
+                        for t in outs:
+                            t.float().sum().item()
+                    else:
+                        with hunt.poisoned_allocations():
+                            once()
                     torch.cuda.synchronize()
                     print(f"   ran {name} {subj} {label}", flush=True)
                 except Exception as e:  # a refusal, or a kernel that failed: reported, the run goes on

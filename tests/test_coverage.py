@@ -105,3 +105,18 @@ def test_the_cli_prints_markdown_and_csv_with_the_same_rows():
     assert list(frame.columns) == list(coverage.COLUMNS)
     rows = [line for line in md.stdout.splitlines() if line.startswith("| ") and not line.startswith("| ---")]
     assert len(rows) - 1 == len(frame)  # the header row
+
+
+def test_the_table_names_this_machines_gpu_or_says_there_is_none(monkeypatch) -> None:
+    """Issue 32: the SM100 rows said "the device here is an H200 (SM90)" on a machine with no GPU."""
+    import torch
+
+    from k3num.harness import coverage
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    text = coverage.table()["why_not"].str.cat(sep="\n")
+    assert "this machine has no CUDA device" in text and "the device here is" not in text
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA B200")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (10, 0))
+    assert "this machine's GPU is NVIDIA B200 (SM100)" in coverage.table()["why_not"].str.cat(sep="\n")

@@ -62,7 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     if "memcheck" in tools:  # each out-of-bounds reproducer in its own process (the context dies after it)
         runs += [("memcheck", ["--cases", "off-path", "--only", label]) for label in OFF_PATH]
     for tool, extra in runs:
-        cmd = [exe, "--tool", tool, "--print-limit", "200", "--target-processes", "all",
+        # initcheck: cuBLAS's own kernels are not checked (they read their split-K workspace, which initcheck
+        # reports as uninitialised on the H200: GPU run 56's control); their outputs are zero-filled first
+        skip = ["--kernel-name-exclude", "kns=cublas", "--print-limit", "2000"] if tool == "initcheck" else \
+            ["--print-limit", "200"]
+        cmd = [exe, "--tool", tool, *skip, "--target-processes", "all",
                sys.executable, str(ROOT / "scripts" / "sanitize_subjects.py"), "--engines", args.engines, *extra]
         what = " ".join(x for x in extra[1:] if not x.startswith("--"))
         print(f"== {tool} [{what}]", flush=True)

@@ -47,11 +47,12 @@ OFF_PATH = ("K3N-009:num_blocks>bank", "K3N-008:H=1536,nvb=2")
 # beside the engines; their reads of the unwritten part must be reported, or the mode cannot see what it is for
 UNWRITTEN_MUTANTS = ("attn_res_last_token_unwritten", "residual_tail_unwritten")
 INITCHECK_NOTE = ("initcheck: allocations are not poisoned (the poison writes every byte, hiding exactly the "
-                  "unwritten reads initcheck looks for); torch linear's outputs are zero-filled before cuBLAS "
-                  "writes them (initcheck does not see cuBLAS's stores on the H200: a plain linear + permute + "
-                  "contiguous reported 368,640 uninitialised reads; the control case below shows 0 with the fill); "
-                  "every output a subject returns is read once after its call, so an element it left unwritten "
-                  "is reported in that subject's case")
+                  "unwritten reads initcheck looks for); cuBLAS's kernels are not checked (gpu_sanitize.py: they "
+                  "read their own split-K workspace, which initcheck reports as uninitialised on the H200: GPU run "
+                  "56's control, a plain bf16 linear, 368,568 reports in cublasLt::splitKreduce_kernel) and torch "
+                  "linear's outputs are zero-filled before cuBLAS writes them, so what reads them later is checked "
+                  "against a tracked write; every output a subject returns is read once after its call, so an "
+                  "element it left unwritten is reported in that subject's case")
 
 
 def _gemm_outputs_initialised() -> None:

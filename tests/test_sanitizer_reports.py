@@ -102,3 +102,20 @@ def test_without_compute_sanitizer_the_mode_skips_with_its_reason_and_does_not_p
     assert "SKIPPED (not passed): compute-sanitizer is not on PATH" in r.stdout
     assert "skipped" in (tmp_path / "sanitizer.csv").read_text()
     assert "not on PATH" in (tmp_path / "sanitizer.md").read_text()
+
+
+def test_the_initcheck_account_separates_the_engines_reports_from_the_mutants_and_the_control() -> None:
+    """A clean run: 0 in the engines' cases and the cuBLAS control, > 0 in the unwritten-output mutants."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_sanitize", ROOT / "scripts" / "gpu_sanitize.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def row(subject: str, n: int) -> dict:
+        return {"tool": "initcheck", "subject": subject, "kernel": "k", "reports": n}
+
+    clean = [row("mutant-attn_res_last_token_unwritten attn_res model", 128), row("control linear control", 0)]
+    assert mod.initcheck_account(clean)[0].endswith(": as expected")
+    assert mod.initcheck_account(clean + [row("vllm attn_res model", 3)])[0].endswith("NOT as expected")
+    assert mod.initcheck_account([row("vllm attn_res model", 0)])[0].endswith("NOT as expected")  # blind

@@ -105,3 +105,47 @@ def test_a_zero_on_a_log_axis_is_drawn_at_a_labelled_floor(figures) -> None:
     assert 0 < ymin < floor, (ymin, floor)  # the floor is inside the axis, not on its edge
     ys = np.concatenate([line.get_ydata() for line in ax.get_lines()])
     assert (ys > 0).all() and np.isclose(ys, floor).any(), name
+
+
+def _series_colours(ax) -> list[tuple]:
+    import matplotlib.colors as mcolors
+
+    return [mcolors.to_rgba(line.get_color()) for line in ax.get_lines() if not line.get_label().startswith("0 (")]
+
+
+def test_every_series_of_a_plot_has_its_own_colour_and_a_readable_legend(figures) -> None:
+    """Issue 32: two series of err-vs-len shared a colour and the legend's 6-point text was unreadable."""
+    for name, fig in figures:
+        for ax in fig.axes:
+            leg = ax.get_legend()
+            if leg is None:
+                continue
+            assert min(t.get_fontsize() for t in leg.get_texts()) >= 8, name
+            colours = _series_colours(ax)
+            assert len(set(colours)) == len(colours), f"{name}: {len(colours) - len(set(colours))} shared colour(s)"
+
+
+def test_budget_marks_are_not_joined_across_shapes(figures) -> None:
+    """The budget per length is a median over the shapes of that length: drawn as marks, never a line
+    joining lengths (which made a zigzag between shapes)."""
+    for name, fig in figures:
+        if not name.startswith("err-vs-len"):
+            continue
+        budgets = [line for line in fig.axes[0].get_lines() if ": budget" in line.get_label()]
+        assert budgets and all(line.get_linestyle() in ("None", "none", "") for line in budgets), name
+
+
+def test_a_one_run_nondeterminism_plot_is_a_bar_per_group_and_says_so(monkeypatch, tmp_path) -> None:
+    kept: list = []
+    monkeypatch.setattr(report, "_save", lambda fig, path: kept.append(fig) or path)
+    report.plot_nondeterminism(_runs(n_runs=1), tmp_path)
+    (fig,) = kept
+    ax = fig.axes[0]
+    try:
+        assert "one run" in ax.get_title() and ax.get_legend() is None
+        assert len(ax.patches) == 25 and ax.get_xlim()[0] == 0 and ax.get_xlim()[1] >= 1
+        fig.canvas.draw()
+        boxes = _texts(fig, fig.canvas.get_renderer())
+        assert not [(a, b) for (a, ba), (b, bb) in itertools.combinations(boxes, 2) if ba.overlaps(bb)]
+    finally:
+        report._plt().close(fig)

@@ -143,10 +143,23 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+LEGEND_FONT = 8  # points: read at the figure's saved size (dpi 90) without zooming
+
+
 def _legend_outside(ax, entries: int) -> None:
     """The legend to the right of the plotting area, in columns of at most 14 entries."""
-    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+    ax.legend(fontsize=LEGEND_FONT, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
               ncol=max(1, math.ceil(entries / 14)))
+
+
+def _colours(n: int) -> list:
+    """n distinct colours: tab10 up to 10 series, tab20 up to 20, evenly spaced hues beyond."""
+    plt = _plt()
+    if n <= 10:
+        return [plt.get_cmap("tab10")(i) for i in range(n)]
+    if n <= 20:
+        return [plt.get_cmap("tab20")(i) for i in range(n)]
+    return [plt.get_cmap("hsv")(i / n) for i in range(n)]
 
 
 def _floor(*series: pd.Series) -> float:
@@ -217,6 +230,9 @@ def plot_err_vs_len(runs: Sequence[dict], out: Path) -> list[Path]:
         # an error of exactly 0 has no place on a log axis: it is drawn on a labelled floor line
         floor = _floor(gs["err_median"], gs["err_max"], gs["budget_median"])
         entries = 0
+        props = [p for p, gp in gs.groupby("property") if (gp["run"] == last).any()]
+        # one colour per series: a property's median, worst and budget are three series
+        colour = iter(_colours(3 * len(props)))
         for prop, gp in gs.groupby("property"):
             old = gp[gp["run"] != last]
             if not old.empty:
@@ -224,16 +240,20 @@ def plot_err_vs_len(runs: Sequence[dict], out: Path) -> list[Path]:
             now = gp[gp["run"] == last].sort_values("reduction_len")
             if now.empty:
                 continue
-            ax.plot(now["reduction_len"], _at_floor(now["err_median"], floor), "o-", ms=3, label=f"{prop}: median err")
-            ax.plot(now["reduction_len"], _at_floor(now["err_max"], floor), "^", ms=3, label=f"{prop}: worst err")
+            ax.plot(now["reduction_len"], _at_floor(now["err_median"], floor), "o-", ms=3, color=next(colour),
+                    label=f"{prop}: median err")
+            ax.plot(now["reduction_len"], _at_floor(now["err_max"], floor), "^", ms=3, color=next(colour),
+                    label=f"{prop}: worst err", ls="none")
             entries += 2
+            # the budget at each length is the median over the shapes of that length: drawn as marks, not as a
+            # line, which would join different shapes into one curve
             b = now[(now["budget_median"] > 0) & (now["reduction_len"] > 0)]
-            if len(b) >= 2:
-                slope = np.polyfit(np.log(b["reduction_len"]), np.log(b["budget_median"]), 1)[0]
-                ax.plot(b["reduction_len"], b["budget_median"], "--", label=f"{prop}: budget (slope {slope:.2f})")
-                entries += 1
-            elif len(b) == 1:
-                ax.plot(b["reduction_len"], b["budget_median"], "x", label=f"{prop}: budget")
+            slope = (f" (log-log slope {np.polyfit(np.log(b['reduction_len']), np.log(b['budget_median']), 1)[0]:.2f})"
+                     if len(b) >= 2 else "")
+            c = next(colour)
+            if len(b):
+                ax.plot(b["reduction_len"], b["budget_median"], "_", ms=12, mew=2, ls="none", color=c,
+                        label=f"{prop}: budget{slope}")
                 entries += 1
         if (gs[["err_median", "err_max"]] <= 0).any().any():
             ax.axhline(floor, color="tab:gray", lw=0.6, ls=":", label=f"0 (drawn at {floor:.0e})")
@@ -257,11 +277,23 @@ def plot_nondeterminism(runs: Sequence[dict], out: Path) -> list[Path]:
     if g.empty or "repeat_records" not in g or not (g["repeat_records"] > 0).any():
         return []
     g = g[g["repeat_records"] > 0]
-    fig, ax = plt.subplots(figsize=(7, 3.8))
     keys = list(g.groupby(["engine", "subject", "property"]))
-    for key, gk in keys:
+    if g["run"].nunique() == 1:  # one run: no history to draw, a bar per group says what the run saw
+        counts = sorted(((int(gk["nondeterministic"].sum()), "/".join(key)) for key, gk in keys), reverse=True)
+        fig, ax = plt.subplots(figsize=(7, max(2.5, 0.22 * len(counts) + 1.2)))
+        y = np.arange(len(counts))
+        ax.barh(y, [c for c, _ in counts], color="tab:blue")
+        ax.set_yticks(y, [k for _, k in counts], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("records with > 1 distinct output (of the repeat properties' records)")
+        ax.set_title("nondeterminism in the one run of this history, per (engine, subject, property)", fontsize=9)
+        ax.set_xlim(0, max(1, max(c for c, _ in counts)) * 1.1)
+        fig.subplots_adjust(left=0.45, right=0.98, top=0.92, bottom=0.12)
+        return [_save(fig, out / "nondeterminism.png")]
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for (key, gk), c in zip(keys, _colours(len(keys))):
         gk = gk.sort_values("run")
-        ax.plot(gk["run"], gk["nondeterministic"], "o-", ms=3, label="/".join(key))
+        ax.plot(gk["run"], gk["nondeterministic"], "o-", ms=3, color=c, label="/".join(key))
     ax.set_xlabel("run (oldest first)")
     ax.set_ylabel("records with > 1 distinct output")
     ax.set_title("nondeterminism (repeat properties)", fontsize=9)

@@ -177,3 +177,19 @@ def with_output_norm(budget: Budget, out_dtype: torch.dtype) -> Budget:
     mixture adds one rounding-size relative term, u * budget."""
     return Budget(budget.value * (1 + unit_roundoff(out_dtype)), budget.rule + f"*(1+u({_name(out_dtype)}))",
                   budget.baseline_err)
+
+
+def logit_budget(noise_floor_err: float, logit_max: float, dtype: torch.dtype = torch.bfloat16) -> Budget:
+    """The logit budget `delta` of the token judge (oracles/tokens.py), by rule 1 on the block's logits:
+    c * err(noise floor) + one rounding of the logits' storage dtype at their magnitude.
+
+    The noise floor is the draft step with every K3 path through the bf16 mirror (the plain unfused,
+    unsharded paths in the same precision) and the same bf16 remainder; its logit error against the
+    float64 step (max over the block's positions and the vocabulary) is what the paths' own roundings
+    do to the logits. A subject whose paths stay within c times their baseline's error moves the logits
+    by about c times as much (the remainder is the same for both, and the logits are smooth in the
+    paths' outputs at these magnitudes), so c = BASELINE_FACTOR as for the tensors, and the rounding term
+    is one bf16 ulp-half at the largest logit (the RBLN-SW/vllm-rbln #741 near-tie width: a bf16 logit
+    near 40 is only known to 0.125). A top-two gap below delta is a near-tie: any rounding may break it."""
+    value = baseline_budget(noise_floor_err, logit_max, dtype)
+    return Budget(value, f"{BASELINE_FACTOR:g}*err(noise floor logits)+u({_name(dtype)})*max|logit|", noise_floor_err)

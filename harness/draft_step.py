@@ -1,0 +1,129 @@
+"""The draft step through an engine's K3 paths, against the float64 step: what a drift does to the tokens.
+
+For one drawn case (fixtures.strategies.DraftStepCase) four steps run on the same inputs:
+
+- the oracle: the K3 paths in float64 (refmodel: the tap projection and its norm, then the fused context
+  KV for DSpark or the draft K/V for DFlash) and the float64 remainder (refmodel/draft_step.py);
+- the engine: the engine's own subjects for the K3 paths it binds (the mirror's for those it does not;
+  `paths` names which came from where) and the one bf16 remainder (engines/mirror/draft_step.py);
+- the noise floor: every K3 path through the bf16 mirror (the plain unfused, unsharded paths), the same
+  remainder: the logit error the paths' own roundings make, from which the logit budget `delta` is derived
+  (oracles.budgets.logit_budget);
+- the remainder's own error: every K3 path in float64, rounded once to bf16, the same remainder.
+
+Every position of the engine's block is then labelled against the oracle's (oracles/tokens.py), and so is
+the noise floor's. Shapes: see refmodel/draft_step.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from k3num.engines import base
+from k3num.engines.mirror import draft_step as bf16_step
+from k3num.fixtures.builders import draft_step_inputs
+from k3num.harness.judges import LOW, up
+from k3num.oracles import budgets, tokens
+from k3num.refmodel import draft_step as ref_step
+from k3num.refmodel import mla
+from k3num.refmodel import partial_projection as ref_projection
+
+EPS = 1e-5
+# the K3 paths of each drafter's step, as subject names, in the order the step uses them
+PATHS = {"dspark": (base.PROJECT_UNSHARDED, base.CONTEXT_KV_FUSED),
+         "dflash": (base.PROJECT_UNSHARDED, base.DRAFT_CONTEXT_KV)}
+
+
+class NoPathBound(LookupError):
+    """The engine binds none of the drafter's K3 paths: its step would be the mirror's."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    kind: str
+    paths: str  # which K3 path each subject came from: "project_unsharded=engine;context_kv_fused=mirror"
+    oracle: torch.Tensor  # [B, V] float64
+    engine: torch.Tensor  # [B, V] bf16
+    noise_floor: torch.Tensor  # [B, V] bf16
+    exact_paths: torch.Tensor  # [B, V] bf16: float64 paths, bf16 remainder
+    delta: budgets.Budget
+    verdict: tokens.BlockVerdict  # the engine's block
+    noise_verdict: tokens.BlockVerdict  # the noise floor's block
+
+
+def _subject(engine: Any, mirror: Any, name: str) -> tuple[Any, str]:
+    """The engine's subject `name` (or, for the DSpark context KV, its unfused one), else the mirror's."""
+    if engine.provides(name):
+        return engine.subject(name), "engine"
+    if name == base.CONTEXT_KV_FUSED and engine.provides(base.CONTEXT_KV_UNFUSED):
+        unfused = engine.subject(base.CONTEXT_KV_UNFUSED)
+
+        def fused(x, kv_a, norm, positions, rope, eps):  # noqa: ANN001 - the unfused path with zero Q rows
+            num_layers, _, hidden = kv_a.shape
+            q = torch.zeros(num_layers, 1, hidden, dtype=kv_a.dtype, device=kv_a.device)
+            return unfused(x, torch.cat([q, kv_a], dim=1), norm, positions, rope, eps)
+
+        return fused, "engine(unfused)"
+    return mirror.subject(name), "mirror"
+
+
+def _paths_bf16(kind: str, inp: Any, case: Any, subjects: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K3 paths' outputs through `subjects` (bf16): (kv_c, k_pe) for DSpark, (k, v) for DFlash."""
+    g = case.geometry()
+    ctx = subjects[base.PROJECT_UNSHARDED](inp.taps, inp.fc, inp.fc_norm, EPS)
+    if kind == "dspark":
+        kv_c, k_pe = subjects[base.CONTEXT_KV_FUSED](ctx, inp.kv_a, inp.kv_norm, inp.ctx_positions, g.rope, EPS)
+        return kv_c, k_pe
+    k, v = subjects[base.DRAFT_CONTEXT_KV](ctx, inp.k_weight, inp.v_weight, inp.k_norm, inp.ctx_positions, g.rope, EPS)
+    return k, v
+
+
+def _paths_f64(kind: str, inp: Any, case: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    g = case.geometry()
+    ctx = ref_projection.project_context(up(inp.taps), up(inp.fc), up(inp.fc_norm), EPS)
+    if kind == "dspark":
+        return mla.context_kv(ctx, up(inp.kv_a), up(inp.kv_norm), inp.ctx_positions, g.rope, EPS)
+    return ref_projection.draft_context_kv(ctx, up(inp.k_weight), up(inp.v_weight), up(inp.k_norm), inp.ctx_positions,
+                                           g.rope, EPS)
+
+
+def _weights_f64(w: ref_step.DraftWeights) -> ref_step.DraftWeights:
+    return replace(w, **{f: up(getattr(w, f)) for f in w.__dataclass_fields__ if getattr(w, f) is not None})
+
+
+def run(engine: Any, mirror: Any, kind: str, case: Any, device: str, subjects: dict[str, Any] | None = None
+        ) -> StepResult:
+    """The four steps of one case (module docstring); NoPathBound when the engine binds none of the paths.
+    `subjects` overrides a path's subject (a planted drift, `k3num impact --ledger`)."""
+    chosen = {name: _subject(engine, mirror, name) for name in PATHS[kind]}
+    chosen.update({name: (fn, "given") for name, fn in (subjects or {}).items()})
+    if all(src == "mirror" for _, src in chosen.values()):
+        raise NoPathBound(f"engine {engine.name} {engine.version} binds none of the {kind} step's K3 paths "
+                          f"({', '.join(PATHS[kind])})")
+    g = case.geometry()
+    inp = draft_step_inputs(case, LOW, device)
+    step_bf16 = bf16_step.dspark_step if kind == "dspark" else bf16_step.dflash_step
+    step_f64 = ref_step.dspark_step if kind == "dspark" else ref_step.dflash_step
+    exact = _paths_f64(kind, inp, case)
+    oracle = step_f64(*exact, inp.ctx_positions, up(inp.block_hidden), inp.block_positions,
+                      _weights_f64(inp.weights), g)
+    remainder = (inp.ctx_positions, inp.block_hidden, inp.block_positions, inp.weights, g)
+    engine_logits = step_bf16(*_paths_bf16(kind, inp, case, {n: fn for n, (fn, _) in chosen.items()}), *remainder)
+    noise = step_bf16(*_paths_bf16(kind, inp, case, {n: mirror.subject(n) for n in PATHS[kind]}), *remainder)
+    exact_paths = step_bf16(*(t.to(LOW) for t in exact), *remainder)
+    delta = budgets.logit_budget((up(noise) - oracle).abs().max().item(), oracle.abs().max().item(), LOW)
+    return StepResult(kind, ";".join(f"{n}={src}" for n, (_, src) in chosen.items()), oracle, engine_logits, noise,
+                      exact_paths, delta, tokens.judge_block(engine_logits, oracle, delta.value),
+                      tokens.judge_block(noise, oracle, delta.value))
+
+
+def detail(r: StepResult) -> str:
+    """The token-level fields of a drift record (`detail`; properties/README.md lists them)."""
+    v, n = r.verdict, r.noise_verdict
+    return (f"kind={r.kind};positions={v.positions};decided={v.decided};identical={v.count(tokens.IDENTICAL)};"
+            f"tie_break={v.count(tokens.TIE_BREAK)};diverged={v.count(tokens.DIVERGED)};agreement={v.agreement};"
+            f"noise_agreement={n.agreement};noise_diverged={n.count(tokens.DIVERGED)};kl={v.kl:.3g};"
+            f"min_gap_over_delta={min(v.gap) / v.delta if v.delta else float('inf'):.3g};paths={r.paths}")

@@ -1,0 +1,89 @@
+"""Judging a block's proposals against the float64 oracle's: per position IDENTICAL / TIE-BREAK / DIVERGED.
+
+A numeric drift matters to speculative decoding where it changes a proposed token. Per position of a
+draft block, against the oracle's logits (float64, the K3 paths and the draft's remainder all exact):
+
+- the oracle's top-1 and its top-two gap (top-1 logit minus the runner-up's);
+- the subject's top-1 and its logit error (max over the vocabulary of |subject - oracle|);
+- the label: IDENTICAL (same top-1), TIE-BREAK (the top-1 differs where the oracle's gap is below
+  `delta`: a near-tie, which any rounding may break), DIVERGED (the top-1 differs although the gap is at
+  least `delta`: a decided token flipped);
+- the block's agreement length: the leading positions whose proposal equals the oracle's (what greedy
+  verification would accept from this drafter if the target agreed with the float64 drafter);
+- KL(oracle || subject) of the softmaxed logits, and the near-tie density (the share of positions whose
+  gap is below delta). `delta` is the logit budget (oracles.budgets.logit_budget).
+
+Shapes: logits [B, V] per block (B positions, V the vocabulary).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+IDENTICAL, TIE_BREAK, DIVERGED = "IDENTICAL", "TIE-BREAK", "DIVERGED"
+
+
+@dataclass(frozen=True)
+class BlockVerdict:
+    """One block of proposals against the oracle's."""
+
+    labels: tuple[str, ...]  # per position
+    oracle_top1: tuple[int, ...]
+    subject_top1: tuple[int, ...]
+    gap: tuple[float, ...]  # the oracle's top-1 minus top-2 logit, per position
+    logit_err: tuple[float, ...]  # max |subject - oracle| over the vocabulary, per position
+    delta: float  # the logit budget the labels used
+    agreement: int  # leading positions whose proposal equals the oracle's
+    kl: float  # mean over positions of KL(oracle || subject)
+
+    @property
+    def positions(self) -> int:
+        return len(self.labels)
+
+    @property
+    def decided(self) -> int:
+        """Positions whose oracle gap is at least delta: the ones a correct subject must not flip."""
+        return sum(g >= self.delta for g in self.gap)
+
+    @property
+    def near_ties(self) -> int:
+        return self.positions - self.decided
+
+    def count(self, label: str) -> int:
+        return self.labels.count(label)
+
+    @property
+    def worst_err_over_delta(self) -> float:
+        return max(self.logit_err) / self.delta if self.delta > 0 else float("inf")
+
+
+def top_two(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(top-1 index [B], gap [B]) of logits [B, V] (V >= 2), in float64."""
+    if logits.dim() != 2 or logits.shape[1] < 2:
+        raise ValueError(f"logits: expected [B, V] with V >= 2, got {list(logits.shape)}")
+    vals, idx = torch.topk(logits.double(), 2, dim=1)
+    return idx[:, 0], vals[:, 0] - vals[:, 1]
+
+
+def judge_block(subject: torch.Tensor, oracle: torch.Tensor, delta: float) -> BlockVerdict:
+    """Label each position of one block (subject [B, V] any float dtype, oracle [B, V] float64)."""
+    if subject.shape != oracle.shape:
+        raise ValueError(f"subject logits {list(subject.shape)} and oracle logits {list(oracle.shape)} differ")
+    if not (delta >= 0):
+        raise ValueError(f"delta: expected a logit budget >= 0, got {delta}")
+    s = subject.double()
+    o_top, gap = top_two(oracle)
+    s_top = torch.argmax(s, dim=1)
+    err = (s - oracle).abs().amax(dim=1)
+    same = s_top == o_top
+    labels = tuple(IDENTICAL if same_i else (TIE_BREAK if g < delta else DIVERGED)
+                   for same_i, g in zip(same.tolist(), gap.tolist()))
+    lead = same.tolist()
+    agreement = next((i for i, ok in enumerate(lead) if not ok), len(lead))
+    log_p = torch.log_softmax(oracle.double(), dim=1)
+    log_q = torch.log_softmax(s, dim=1)
+    kl = float((log_p.exp() * (log_p - log_q)).sum(dim=1).mean())
+    return BlockVerdict(labels, tuple(o_top.tolist()), tuple(s_top.tolist()), tuple(gap.tolist()), tuple(err.tolist()),
+                        float(delta), agreement, kl)

@@ -1,0 +1,56 @@
+"""What a K3 path's numerics do to the draft's proposed tokens (harness/draft_step.py, oracles/tokens.py).
+
+Per drafter (DSpark, DFlash), the block's logits with the engine's K3 paths and the one bf16 remainder
+are labelled position by position against the float64 step's: IDENTICAL, TIE-BREAK (a near-tie broken:
+the oracle's top-two gap is below the logit budget delta, derived from the noise floor's own logit
+error), DIVERGED (a decided token flipped). The record of each block goes to the drift CSV with its
+counts in `detail` (properties/README.md lists the fields)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from k3num.engines import registry
+from k3num.fixtures.strategies import DraftStepCase, draft_step_cases
+from k3num.harness import draft_step
+from k3num.oracles import tokens
+from k3num.oracles.records import FAIL, PASS, judge
+from k3num.properties.support import DEVICE, report
+
+KINDS = ("dspark", "dflash")
+
+
+def _step(engine, kind: str, case: DraftStepCase, prop: str) -> draft_step.StepResult:
+    try:
+        r = draft_step.run(engine, registry.get("mirror"), kind, case, DEVICE)
+    except draft_step.NoPathBound as e:
+        pytest.skip(str(e))
+    v = r.verdict
+    rec = judge(property=prop, engine=engine, subject=f"draft_step:{kind}", actual=r.engine, reference=r.oracle,
+                budget=r.delta, seed=case.seed, reduction_len=case.hidden, detail=draft_step.detail(r))
+    failed = v.count(tokens.DIVERGED) if prop.startswith("draft_decided") else (
+        v.near_ties == 0 and v.agreement < v.positions)
+    report(dataclasses.replace(rec, verdict=FAIL if failed else PASS), climb=True)
+    return r
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@given(data=st.data())
+def test_a_decided_token_never_flips(engine, kind: str, data: st.DataObject) -> None:
+    """No position whose float64 top-two gap is at least delta proposes another token than the oracle's."""
+    case = data.draw(draft_step_cases(kind), label="case")
+    r = _step(engine, kind, case, "draft_decided_tokens_never_flip")
+    assert r.verdict.decided > 0, f"the block judged no decided position (every gap below delta {r.delta.value:.3g})"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@given(data=st.data())
+def test_a_block_without_a_near_tie_is_accepted_whole(engine, kind: str, data: st.DataObject) -> None:
+    """Where no position of the block is a near-tie, the engine's proposals agree with the oracle's over the
+    whole block (the agreement length is the block)."""
+    case = data.draw(draft_step_cases(kind), label="case")
+    _step(engine, kind, case, "draft_block_without_near_tie_accepted_whole")

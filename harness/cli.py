@@ -14,6 +14,7 @@
                               drawn cases (new / fixed / known failures, paired drift; harness/check.py)
     k3num bisect              the first bad engine commit, by `k3num replay` or selected properties on
                               git worktrees
+    k3num impact              what each engine's K3 paths do to the draft's proposed tokens (harness/impact.py)
     k3num coverage            every K3 kernel and code path on the three paths: bound or not, the property
                               tests that judge it, why not (harness/coverage.py; --format csv)
 """
@@ -336,10 +337,11 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--device-name", default=None, help="override the run's device name")
     rep.add_argument("--harness-commit", default=None, help="override the run's harness commit")
     rep.set_defaults(func=cmd_report)
-    from k3num.harness import check, coverage
+    from k3num.harness import check, coverage, impact
 
     check.add_parser(sub)
     coverage.add_parser(sub)
+    impact.add_parser(sub)
     bi = sub.add_parser("bisect", help="the first bad engine commit between --good and --bad: each revision checked "
                                        "out with git worktree and judged by k3num replay or selected properties")
     bi.add_argument("--engine", required=True, help="the engine the repository holds (vllm, sglang, tokenspeed)")

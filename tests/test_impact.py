@@ -1,0 +1,51 @@
+"""`k3num impact` (harness/impact.py): the per-engine token table, its exit codes, and that it sees a path bug
+that changes tokens (a TokenSpeed tree whose unsharded projection returns zeros)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from k3num.harness import fixes
+from k3num.supply import fetch
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECTION = "return self.finalize_target_projection(self.context_proj(target_hidden)[0])"
+
+
+def _impact(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "k3num.harness.cli", "impact", "--cases", "4", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_impact_refuses_what_it_cannot_run() -> None:
+    r = _impact("--engine", "nope")
+    assert r.returncode == 2 and "unknown engine(s) nope" in r.stderr
+    r = _impact("--engine", "mirror", "--cases", "0")
+    assert r.returncode == 2 and "--cases: expected >= 1" in r.stderr
+
+
+def test_impact_on_the_pinned_release_changes_no_decided_token_and_a_broken_path_does(tmp_path: Path) -> None:
+    if fetch.missing_files("tokenspeed"):
+        pytest.skip("tokenspeed is not fetched (k3num fetch tokenspeed)")
+    pinned = _impact("--engine", "tokenspeed", "--format", "csv")
+    assert pinned.returncode == 0, pinned.stdout + pinned.stderr[-2000:]
+    assert "tokenspeed,dspark,project_unsharded=engine" in pinned.stdout and ",no token changes" in pinned.stdout
+    tree = fixes.pinned_tree("tokenspeed", tmp_path / "t")
+    model = tree / fixes.TOKENSPEED_MODEL
+    text = model.read_text()
+    assert PROJECTION in text
+    model.write_text(text.replace(PROJECTION, PROJECTION.replace("[0])", "[0] * 0.0)")))
+    broken = _impact("--engine", "tokenspeed", "--engine-src", f"tokenspeed={tree}")
+    assert broken.returncode == 1, broken.stdout + broken.stderr[-2000:]
+    assert "changes decided tokens" in broken.stdout
+
+
+def test_impact_with_no_engine_that_binds_a_path_judges_nothing_and_says_so() -> None:
+    if fetch.missing_files("vllm"):
+        pytest.skip("vllm is not fetched (k3num fetch vllm)")
+    r = _impact("--engine", "vllm-rocm")
+    assert r.returncode == 2 and "nothing was judged" in r.stderr

@@ -201,9 +201,11 @@ def bind(root: Path, torch_attn_res_fwd: Any, mutate: dict[str, Any] | None = No
             self.written.append(projected.clone())  # the last stage's sum; the cache write is path 1's
 
     def pp_taps(plan: PPTapPlan, embeddings: torch.Tensor, weights: Any, scale: torch.Tensor, eps: float = 1e-5,
-                *, with_hidden: bool = False, **_: Any) -> Any:
+                *, with_hidden: bool = False, link: Any = None, **_: Any) -> Any:
         """The taps the stages hand the DSpark context producer, in the order it receives them (with_hidden:
-        (taps, {"hidden": the model's last hidden state, "projected_context": the last stage's fp32 sum}))."""
+        (taps, {"hidden": the model's last hidden state, "projected_context": the last stage's fp32 sum})).
+        `link` (harness/pp_ranks.py): run only stage link.rank, its PPStageState received with link.recv()
+        and sent with link.send(); the taps are then this stage's own, the hidden state and sum the last's."""
         stream = "attn_res" if plan.aux_stream else "prefix"
         t = embeddings.shape[0]
         positions = torch.arange(t, device=embeddings.device)
@@ -213,6 +215,10 @@ def bind(root: Path, torch_attn_res_fwd: Any, mutate: dict[str, Any] | None = No
         out: Any = None
         stages = plan.stages()
         for rank, (start, end) in enumerate(stages):
+            if link is not None and rank != link.rank:
+                continue
+            if link is not None and rank > 0:
+                inbound = link.recv()
             m = model(plan.num_layers, plan.block_size, start, end, weights, scale, eps, stream)
             causal = types.SimpleNamespace(model=m, config=m.config)
             try:
@@ -230,7 +236,9 @@ def bind(root: Path, torch_attn_res_fwd: Any, mutate: dict[str, Any] | None = No
                           pp_inbound=inbound)
             if rank < len(stages) - 1:
                 inbound = mutate.get("sent", lambda state: state)(out[0].sent())
-        if not with_hidden:
+                if link is not None:
+                    link.send(inbound)
+        if not with_hidden or (link is not None and link.rank < len(stages) - 1):
             return taps
         return taps, {"hidden": out[0], "projected_context": written[-1]}
 

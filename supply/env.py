@@ -56,10 +56,12 @@ VARS: dict[str, Var] = {
     "TRITON_INTERPRET": Var("run Triton kernels under the interpreter (set before triton's first import)",
                             ("engines/triton_support.py",),
                             ("engines/triton_support.py", "harness/plugin.py", "harness/cli.py",
-                             "harness/store_golden.py")),
+                             "harness/store_golden.py", "harness/impact.py")),
     "TORCH_CUDA_ARCH_LIST": Var("the GPU architecture torch's extension builder compiles for", (),
                                 ("supply/cuda_ops.py",)),
     "MAX_JOBS": Var("the parallel jobs of torch's extension builder", (), ("supply/cuda_ops.py",)),
+    "NCCL_NVLS_ENABLE": Var("NCCL's NVLink multicast (0: off), for the PP ranks it starts", (),
+                            ("harness/pp_ranks.py",)),
 }
 
 

@@ -168,14 +168,20 @@ def bind(root: Path, attn_res: Callable, platform: str, mutate: dict[str, Callab
         return m
 
     def pp_taps(plan: PPTapPlan, embeddings: torch.Tensor, weights: Any, scale: torch.Tensor,
-                eps: float = 1e-5, *, runner_check: bool = True) -> list[torch.Tensor]:
+                eps: float = 1e-5, *, runner_check: bool = True, link: Any = None) -> list[torch.Tensor]:
         """runner_check False skips the V2 runner's load-time check (to see what the model's own loop
-        would hand on if the runner let the plan through)."""
+        would hand on if the runner let the plan through). `link` (harness/pp_ranks.py): run only stage
+        link.rank, receiving what the previous stage hands on with link.recv() and sending this stage's
+        with link.send(); None runs every stage in this process."""
         stages = plan.stages()
         positions = torch.arange(embeddings.shape[0], device=embeddings.device)
         carried: IntermediateTensors | None = None
         out: Any = None
         for rank, (start, end) in enumerate(stages):
+            if link is not None and rank != link.rank:
+                continue
+            if link is not None and rank > 0:
+                carried = link.recv()
             group_box["g"] = _Group(rank, len(stages))
             m = stage_model(plan, start, end, weights, scale, eps)
             with _parallel_state(group_box["g"]):
@@ -189,6 +195,8 @@ def bind(root: Path, attn_res: Callable, platform: str, mutate: dict[str, Callab
             out = forward(m, None, positions, carried, inputs_embeds=embeddings.clone() if rank == 0 else None)
             if rank < len(stages) - 1:  # the worker hands the stage's tensors on, relaying upstream taps
                 carried = relay(types.SimpleNamespace(aux_hidden_state_relay_keys=keys), carried, out)
+                if link is not None:
+                    link.send(carried)
         if isinstance(out, tuple):
             return list(out[1])
         return []

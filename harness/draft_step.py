@@ -2,8 +2,9 @@
 
 For one drawn case (fixtures.strategies.DraftStepCase) four steps run on the same inputs:
 
-- the oracle: the K3 paths in float64 (refmodel: the tap projection and its norm, then the fused context
-  KV for DSpark or the draft K/V for DFlash) and the float64 remainder (refmodel/draft_step.py);
+- the oracle: the K3 paths in float64 (refmodel: path 2's aux tap of the target's AttnRes stream at each
+  capture layer, path 3's tap projection and its norm, then path 1's fused context KV for DSpark or path 3's
+  draft K/V for DFlash) and the float64 remainder (refmodel/draft_step.py);
 - the engine: the engine's own subjects for the K3 paths it binds (the mirror's for those it does not;
   `paths` names which came from where) and the one bf16 remainder (engines/mirror/draft_step.py);
 - the noise floor: every K3 path through the bf16 mirror (the plain unfused, unsharded paths), the same
@@ -24,17 +25,18 @@ import torch
 
 from k3num.engines import base
 from k3num.engines.mirror import draft_step as bf16_step
-from k3num.fixtures.builders import draft_step_inputs
+from k3num.fixtures.builders import draft_step_inputs, upcast_weights
 from k3num.harness.judges import LOW, up
 from k3num.oracles import budgets, tokens
+from k3num.refmodel import attn_res as ref_attn_res
 from k3num.refmodel import draft_step as ref_step
 from k3num.refmodel import mla
 from k3num.refmodel import partial_projection as ref_projection
 
 EPS = 1e-5
 # the K3 paths of each drafter's step, as subject names, in the order the step uses them
-PATHS = {"dspark": (base.PROJECT_UNSHARDED, base.CONTEXT_KV_FUSED),
-         "dflash": (base.PROJECT_UNSHARDED, base.DRAFT_CONTEXT_KV)}
+PATHS = {"dspark": (base.AUX_CAPTURE, base.PROJECT_UNSHARDED, base.CONTEXT_KV_FUSED),
+         "dflash": (base.AUX_CAPTURE, base.PROJECT_UNSHARDED, base.DRAFT_CONTEXT_KV)}
 
 
 class NoPathBound(LookupError):
@@ -70,10 +72,29 @@ def _subject(engine: Any, mirror: Any, name: str) -> tuple[Any, str]:
     return mirror.subject(name), "mirror"
 
 
+def _taps_bf16(inp: Any, case: Any, tap: Any) -> torch.Tensor:
+    """Path 2: each tap through the aux-tap subject (the stream flag on: the mixture with the next layer's
+    AttnRes weights; a one-stage target, its last rank). -> [K, N, H]."""
+    return torch.stack([tap(layer, prefix, pending, bank, enabled=True, weights=inp.target_weights,
+                            block_size=case.attn_res_block, end_layer=case.target_layers,
+                            num_layers=case.target_layers, is_last_rank=True, eps=EPS, non_final_stage="raise")
+                        for layer, (prefix, pending, bank) in zip(case.tap_layers(), inp.tap_states)])
+
+
+def _taps_f64(inp: Any, case: Any) -> torch.Tensor:
+    """Path 2 in float64, on the prefix the subject mixes (prefix_sum + pending rounded to storage)."""
+    w = upcast_weights(inp.target_weights)
+    return torch.stack([ref_attn_res.capture_aux_stream(
+        layer, up(prefix + pending), None, up(bank), enabled=True, weights=w, block_size=case.attn_res_block,
+        end_layer=case.target_layers, num_layers=case.target_layers, is_last_rank=True, eps=EPS)
+        for layer, (prefix, pending, bank) in zip(case.tap_layers(), inp.tap_states)])
+
+
 def _paths_bf16(kind: str, inp: Any, case: Any, subjects: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """The K3 paths' outputs through `subjects` (bf16): (kv_c, k_pe) for DSpark, (k, v) for DFlash."""
     g = case.geometry()
-    ctx = subjects[base.PROJECT_UNSHARDED](inp.taps, inp.fc, inp.fc_norm, EPS)
+    taps = _taps_bf16(inp, case, subjects[base.AUX_CAPTURE])
+    ctx = subjects[base.PROJECT_UNSHARDED](taps, inp.fc, inp.fc_norm, EPS)
     if kind == "dspark":
         kv_c, k_pe = subjects[base.CONTEXT_KV_FUSED](ctx, inp.kv_a, inp.kv_norm, inp.ctx_positions, g.rope, EPS)
         return kv_c, k_pe
@@ -83,7 +104,7 @@ def _paths_bf16(kind: str, inp: Any, case: Any, subjects: dict[str, Any]) -> tup
 
 def _paths_f64(kind: str, inp: Any, case: Any) -> tuple[torch.Tensor, torch.Tensor]:
     g = case.geometry()
-    ctx = ref_projection.project_context(up(inp.taps), up(inp.fc), up(inp.fc_norm), EPS)
+    ctx = ref_projection.project_context(_taps_f64(inp, case), up(inp.fc), up(inp.fc_norm), EPS)
     if kind == "dspark":
         return mla.context_kv(ctx, up(inp.kv_a), up(inp.kv_norm), inp.ctx_positions, g.rope, EPS)
     return ref_projection.draft_context_kv(ctx, up(inp.k_weight), up(inp.v_weight), up(inp.k_norm), inp.ctx_positions,

@@ -9,7 +9,8 @@ remainder, and are judged position by position against the float64 step (oracles
 agreement length against the oracle's and the noise floor's, the worst logit error over delta, and a
 severity ("changes decided tokens", "near-ties only", "no token changes").
 
-Exit: 0 nothing diverged; 1 a decided token flipped; 2 could not run (an unknown engine, a bad tree, no
+Exit: 0 nothing diverged outside the ledger (a row whose divergence an entry filed on the token property
+explains names it in `ledger`); 1 a decided token flipped otherwise; 2 could not run (an unknown engine, a bad tree, no
 engine that binds a drafter's path). The ledger's entries are not run through the step yet (the step has
 no path 2, and the entries' case classes need their own inputs: docs/architecture.md lists it as next).
 """
@@ -20,6 +21,7 @@ import argparse
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -79,7 +81,8 @@ def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device
                                                                            tokens.DIVERGED)}
             judged = sum(b.positions for b in v)
             rows.append({
-                "engine": name, "drafter": kind, "paths": results[0].paths, "blocks": len(v), "positions": judged,
+                "engine": name, "drafter": kind, "paths": results[0].paths, "ledger": _filed(engine, sources, mode),
+                "blocks": len(v), "positions": judged,
                 "identical": counts[tokens.IDENTICAL], "tie_break": counts[tokens.TIE_BREAK],
                 "diverged": counts[tokens.DIVERGED], "decided_share": sum(b.decided for b in v) / judged,
                 "agreement": sum(b.agreement for b in v) / len(v),
@@ -88,6 +91,23 @@ def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device
                 "worst_err_over_delta": max(b.worst_err_over_delta for b in v),
                 "severity": severity(counts[tokens.DIVERGED], counts[tokens.TIE_BREAK])})
     return pd.DataFrame(rows)
+
+
+TOKEN_TEST = "test_a_decided_token_never_flips"  # properties/test_draft_tokens.py: the ledger files entries on it
+
+
+def _filed(engine: Any, sources: dict[str, Path], mode: str) -> str:
+    """The ledger entries filed on the token property for this engine, while their files are the bytes run
+    (an entry whose files a local tree changed is judged plainly): a divergence they explain is known."""
+    from k3num.oracles import ledger
+    from k3num.supply import fetch, installed
+
+    pin = fetch.PINS.get(engine.name.split("-")[0])
+    if pin is None:
+        return ""
+    src = fetch.source_of(pin.engine, sources)
+    found = ledger.lookup_all(engine.name, pin.version, TOKEN_TEST, installed.expected_mode(src, mode))
+    return ",".join(d.id for d in found if fetch.pinned_files(src, d.files))
 
 
 def cmd_impact(args: argparse.Namespace) -> int:
@@ -123,12 +143,13 @@ def cmd_impact(args: argparse.Namespace) -> int:
         print(table.to_csv(index=False), end="")
     else:
         print(_markdown(table, args))
-    return 1 if (judged["diverged"] > 0).any() else 0
+    unexplained = judged[(judged["diverged"] > 0) & (judged["ledger"].fillna("") == "")]
+    return 1 if len(unexplained) else 0
 
 
 def _markdown(table: pd.DataFrame, args: argparse.Namespace) -> str:
     cols = ["engine", "drafter", "paths", "positions", "identical", "tie_break", "diverged", "decided_share",
-            "agreement", "noise_agreement", "block", "worst_err_over_delta", "severity"]
+            "agreement", "noise_agreement", "block", "worst_err_over_delta", "severity", "ledger"]
     lines = [f"# k3num impact: {args.cases} seeded blocks per engine and drafter (seed {args.seed})", "",
              "Per position against the float64 step: IDENTICAL, TIE-BREAK (a near-tie: the oracle's top-two gap "
              "below delta, the logit budget from the noise floor), DIVERGED (a decided token flipped). agreement: "

@@ -91,9 +91,10 @@ def _taps_f64(inp: Any, case: Any) -> torch.Tensor:
 
 
 def _paths_bf16(kind: str, inp: Any, case: Any, subjects: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The K3 paths' outputs through `subjects` (bf16): (kv_c, k_pe) for DSpark, (k, v) for DFlash."""
+    """The K3 paths' outputs through `subjects` (bf16): (kv_c, k_pe) for DSpark, (k, v) for DFlash. Taps given
+    with the inputs (inp.given_taps) replace path 2."""
     g = case.geometry()
-    taps = _taps_bf16(inp, case, subjects[base.AUX_CAPTURE])
+    taps = inp.given_taps if inp.given_taps is not None else _taps_bf16(inp, case, subjects[base.AUX_CAPTURE])
     ctx = subjects[base.PROJECT_UNSHARDED](taps, inp.fc, inp.fc_norm, EPS)
     if kind == "dspark":
         kv_c, k_pe = subjects[base.CONTEXT_KV_FUSED](ctx, inp.kv_a, inp.kv_norm, inp.ctx_positions, g.rope, EPS)
@@ -104,7 +105,8 @@ def _paths_bf16(kind: str, inp: Any, case: Any, subjects: dict[str, Any]) -> tup
 
 def _paths_f64(kind: str, inp: Any, case: Any) -> tuple[torch.Tensor, torch.Tensor]:
     g = case.geometry()
-    ctx = ref_projection.project_context(_taps_f64(inp, case), up(inp.fc), up(inp.fc_norm), EPS)
+    taps = up(inp.given_taps) if inp.given_taps is not None else _taps_f64(inp, case)
+    ctx = ref_projection.project_context(taps, up(inp.fc), up(inp.fc_norm), EPS)
     if kind == "dspark":
         return mla.context_kv(ctx, up(inp.kv_a), up(inp.kv_norm), inp.ctx_positions, g.rope, EPS)
     return ref_projection.draft_context_kv(ctx, up(inp.k_weight), up(inp.v_weight), up(inp.k_norm), inp.ctx_positions,
@@ -115,17 +117,21 @@ def _weights_f64(w: ref_step.DraftWeights) -> ref_step.DraftWeights:
     return replace(w, **{f: up(getattr(w, f)) for f in w.__dataclass_fields__ if getattr(w, f) is not None})
 
 
-def run(engine: Any, mirror: Any, kind: str, case: Any, device: str, subjects: dict[str, Any] | None = None
-        ) -> StepResult:
+def run(engine: Any, mirror: Any, kind: str, case: Any, device: str, subjects: dict[str, Any] | None = None,
+        inputs: Any = None) -> StepResult:
     """The four steps of one case (module docstring); NoPathBound when the engine binds none of the paths.
-    `subjects` overrides a path's subject (a planted drift, `k3num impact --ledger`)."""
+    `subjects` overrides a path's subject with (callable, label: what it is, shown in `paths`) and `inputs` the
+    drawn inputs (a ledger entry's case class: `k3num impact --ledger`; inputs.given_taps replaces path 2 on
+    every side)."""
+    inp = inputs if inputs is not None else draft_step_inputs(case, LOW, device)
     chosen = {name: _subject(engine, mirror, name) for name in PATHS[kind]}
-    chosen.update({name: (fn, "given") for name, fn in (subjects or {}).items()})
-    if all(src == "mirror" for _, src in chosen.values()):
+    chosen.update(subjects or {})
+    if inp.given_taps is not None:
+        chosen[base.AUX_CAPTURE] = (None, "given taps")
+    if all(src in ("mirror", "given taps") for _, src in chosen.values()):
         raise NoPathBound(f"engine {engine.name} {engine.version} binds none of the {kind} step's K3 paths "
                           f"({', '.join(PATHS[kind])})")
     g = case.geometry()
-    inp = draft_step_inputs(case, LOW, device)
     step_bf16 = bf16_step.dspark_step if kind == "dspark" else bf16_step.dflash_step
     step_f64 = ref_step.dspark_step if kind == "dspark" else ref_step.dflash_step
     exact = _paths_f64(kind, inp, case)

@@ -1,6 +1,7 @@
 """`k3num impact`: what each engine's K3 paths do to the draft's proposed tokens, per (engine, drafter).
 
     k3num impact [--engine E[,E...]] [--engine-src E=PATH] [--device D] [--cases N] [--seed S] [--format md|csv]
+    k3num impact --ledger [--engine-src E=PATH] [--device D] [--cases N] [--seed S] [--format md|csv]
 
 For each engine and each drafter whose K3 paths it binds (harness/draft_step.py), N seeded cases of the
 tiny draft step (fixtures.strategies.DraftStepCase) run through the engine's paths and the one bf16
@@ -10,9 +11,14 @@ agreement length against the oracle's and the noise floor's, the worst logit err
 severity ("changes decided tokens", "near-ties only", "no token changes").
 
 Exit: 0 nothing diverged outside the ledger (a row whose divergence an entry filed on the token property
-explains names it in `ledger`); 1 a decided token flipped otherwise; 2 could not run (an unknown engine, a bad tree, no
-engine that binds a drafter's path). The ledger's entries are not run through the step yet (the step has
-no path 2, and the entries' case classes need their own inputs: docs/architecture.md lists it as next).
+explains names it in `ledger`); 1 a decided token flipped otherwise; 2 could not run (an unknown engine, a bad
+tree, no engine that binds a drafter's path).
+
+`--ledger`: each ledger entry's case class through the step on the entry's engine (`ledger_table`): the
+divergence made to reach the step's inputs the way it reaches a deployment (the tap of the wrong stream, taps
+whose projections cancel through the sharded sum, a draft checkpoint through vLLM's merged loader), one row per
+drafter with the counts and a severity; an entry the step does not reach gets one row whose severity says why
+(`_REASONS`). Exit 0 when it ran, 2 when it could not.
 """
 
 from __future__ import annotations
@@ -76,20 +82,7 @@ def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device
                 continue
             if log:
                 log(f"[impact] {name} {kind}: {len(results)} blocks")
-            v = [r.verdict for r in results]
-            counts = {label: sum(b.count(label) for b in v) for label in (tokens.IDENTICAL, tokens.TIE_BREAK,
-                                                                           tokens.DIVERGED)}
-            judged = sum(b.positions for b in v)
-            rows.append({
-                "engine": name, "drafter": kind, "paths": results[0].paths, "ledger": _filed(engine, sources, mode),
-                "blocks": len(v), "positions": judged,
-                "identical": counts[tokens.IDENTICAL], "tie_break": counts[tokens.TIE_BREAK],
-                "diverged": counts[tokens.DIVERGED], "decided_share": sum(b.decided for b in v) / judged,
-                "agreement": sum(b.agreement for b in v) / len(v),
-                "noise_agreement": sum(r.noise_verdict.agreement for r in results) / len(v),
-                "block": sum(b.positions for b in v) / len(v),
-                "worst_err_over_delta": max(b.worst_err_over_delta for b in v),
-                "severity": severity(counts[tokens.DIVERGED], counts[tokens.TIE_BREAK])})
+            rows.append(_aggregate(name, kind, results, _filed(engine, sources, mode)))
     return pd.DataFrame(rows)
 
 
@@ -110,6 +103,230 @@ def _filed(engine: Any, sources: dict[str, Path], mode: str) -> str:
     return ",".join(d.id for d in found if fetch.pinned_files(src, d.files))
 
 
+def _aggregate(name: str, kind: str, results: list[Any], ledger: str = "") -> dict[str, Any]:
+    v = [r.verdict for r in results]
+    counts = {label: sum(b.count(label) for b in v) for label in (tokens.IDENTICAL, tokens.TIE_BREAK,
+                                                                   tokens.DIVERGED)}
+    judged = sum(b.positions for b in v)
+    return {"engine": name, "drafter": kind, "paths": results[0].paths, "ledger": ledger, "blocks": len(v),
+            "positions": judged, "identical": counts[tokens.IDENTICAL], "tie_break": counts[tokens.TIE_BREAK],
+            "diverged": counts[tokens.DIVERGED], "decided_share": sum(b.decided for b in v) / judged,
+            "agreement": sum(b.agreement for b in v) / len(v),
+            "noise_agreement": sum(r.noise_verdict.agreement for r in results) / len(v),
+            "block": judged / len(v), "worst_err_over_delta": max(b.worst_err_over_delta for b in v),
+            "severity": severity(counts[tokens.DIVERGED], counts[tokens.TIE_BREAK])}
+
+
+# --- the ledger's entries through the step (`--ledger`) -------------------------------------------------
+#
+# Each entry's case class, run through the draft step on the entry's engine: the divergence the entry files,
+# made to reach the step's inputs the way it reaches a deployment's (the tap of the wrong stream, a projection
+# whose taps cancel, weights through the merged loader), or the reason it does not reach the step here.
+
+NOT_THE_STEP = "not exercised by the draft step: "
+_REASONS = {
+    "K3N-003": NOT_THE_STEP + "at a non-final stage's end the float64 reference refuses the tap (vLLM 0.33.0's "
+                              "NVIDIA branch 3 raises), so there is no oracle step to compare the ROCm prefix tap with",
+    "K3N-004": NOT_THE_STEP + "a race in attn_res calls that write a bank row inside the mix; the step's taps are "
+                              "read-only mixtures of a target stream given as input (the target's forward, where "
+                              "those calls are made, is not in the step); a GPU race besides",
+    "K3N-005": NOT_THE_STEP + "as K3N-004 (the ROCm kernel)",
+    "K3N-007": NOT_THE_STEP + "a race in attn_res calls with a delta; the step's taps are read-only mixtures of a "
+                              "target stream given as input; a GPU race besides",
+    "K3N-008": NOT_THE_STEP + "SGLang's model aggregation is the target's AttnRes forward, given to the step as its "
+                              "stream state (SGLang binds no aux tap)",
+    "K3N-009": NOT_THE_STEP + "the model's calls stay inside the bank; the finding needs a caller that sizes the bank "
+                              "wrong",
+    "K3N-010": NOT_THE_STEP + "as K3N-009 (the ROCm kernel)",
+    "K3N-013": NOT_THE_STEP + "the decode side's draft KV as a heterogeneous-TP transfer leaves it is not built yet "
+                              "(the transfer's addresses are judged by test_kv_transfer)",
+    "K3N-014": NOT_THE_STEP + "the step reads the context entries, not the FP8 cache the insert writes (vLLM's "
+                              "compiled insert, a GPU with `k3num build-ops`)",
+}
+
+
+def _cancelling(inp: Any, case: Any) -> Any:
+    """K3N-006's case class: taps 0 and 1 equal, and tap 1's column block of the projection minus tap 0's plus 1%
+    relative noise, so their projections cancel to about a hundredth of each."""
+    import dataclasses as dc
+
+    import torch
+
+    h = case.hidden
+    taps = torch.stack([inp.tap_states[0][0]] * 2 + [s[0] for s in inp.tap_states[2:]])
+    fc = inp.fc.clone()
+    g = torch.Generator().manual_seed(case.seed)
+    noise = torch.randn(fc[:, :h].shape, generator=g, dtype=torch.float64) * 0.01
+    fc[:, h:2 * h] = (-fc[:, :h].double() * (1 + noise.to(fc.device))).to(fc.dtype)
+    return dc.replace(inp, fc=fc, given_taps=taps)
+
+
+def _sharded_projection(engine: Any) -> Any:
+    """The unsharded projection's signature through the engine's sharded path: each tap on its own stage, the
+    partials summed in fp32 in stage order, the norm once (TokenSpeed's project_target_tap and
+    finalize_target_projection)."""
+    import torch
+
+    from k3num.engines import base
+
+    partial, finalize = engine.subject(base.STAGE_PARTIAL), engine.subject(base.FINALIZE_PROJECTION)
+
+    def project(taps: Any, fc: Any, norm: Any, eps: float) -> Any:
+        parts = [partial(taps, fc, [i]) for i in range(taps.shape[0])]
+        return finalize(parts, norm, eps, torch.float32, list(range(len(parts))))
+
+    return project
+
+
+def _merged_loader_fp8(engine: Any, who: str) -> tuple[Any, Any]:
+    """K3N-011's case class: (inputs hook, subjects hook). Each draft layer's kv_a_proj_with_mqa quantized to
+    block FP8 on its own; the reference and the noise floor read the per-layer dequantized weights, the
+    engine's fused context KV the merged weight vLLM's loader builds from the same shards."""
+    import dataclasses as dc
+
+    import torch
+
+    from k3num.engines import base
+    from k3num.fixtures.checkpoint import kv_name
+    from k3num.refmodel import quant
+
+    state: dict[str, Any] = {}
+
+    def inputs(inp: Any, case: Any) -> Any:
+        layers, width, hidden = inp.kv_a.shape
+        shards = [quant.quantize_fp8_block(inp.kv_a[layer].double().cpu()) for layer in range(layers)]
+        stream = [(kv_name(layer, p), t) for layer, (w, s) in enumerate(shards)
+                  for p, t in (("weight", w), ("weight_scale_inv", s))]
+        duplicated = engine.extras["weight_loading"].duplicate(iter(stream), layers)
+        merged_in = [(n.rsplit(".", 1)[-1], t) for n, t in duplicated if n.startswith("context_kv_proj.")]
+        weight, scale = engine.extras["block_fp8_loading"](merged_in, layers, (quant.FP8_BLOCK, quant.FP8_BLOCK))
+        state["merged"] = quant.dequantize_fp8_block(weight, scale).view(layers, width, hidden).to(inp.kv_a)
+        per_layer = torch.stack([quant.dequantize_fp8_block(w, s) for w, s in shards]).to(inp.kv_a)
+        return dc.replace(inp, kv_a=per_layer)
+
+    def subjects(fused: Any) -> dict[str, Any]:
+        return {base.CONTEXT_KV_FUSED: (lambda x, kv_a, *rest: fused(x, state["merged"], *rest),
+                                        f"{who}(vLLM's merged block-FP8 weight)")}
+
+    return inputs, subjects
+
+
+def _merged_loader_nvfp4(engine: Any, who: str) -> tuple[Any, Any]:
+    """K3N-012's case class: each layer quantized to NVFP4 on its own (compressed-tensors, its own global scale);
+    the engine's context KV reads the merged weight vLLM's loader builds (one global scale kept for all)."""
+    import dataclasses as dc
+
+    import torch
+
+    from k3num.engines import base
+    from k3num.refmodel import quant
+
+    state: dict[str, Any] = {}
+    names = ("weight_packed", "weight_scale", "weight_global_scale")
+
+    def inputs(inp: Any, case: Any) -> Any:
+        layers, width, hidden = inp.kv_a.shape
+        shards = [quant.quantize_nvfp4(inp.kv_a[layer].double().cpu() * (1 + layer), naming="compressed-tensors")
+                  for layer in range(layers)]
+        tensors = []
+        for layer in range(layers):
+            for name in names:
+                t = shards[layer][name].detach().clone()
+                t.shard_id = layer
+                tensors.append((name, t))
+            t = torch.ones(1)
+            t.shard_id = layer
+            tensors.append(("input_global_scale", t))
+        got = engine.extras["nvfp4_loading"](tensors, layers)
+        deq = quant.dequantize_nvfp4_modelopt(got["weight"], got["weight_scale"], got["weight_multiplier"])
+        state["merged"] = deq.view(layers, width, hidden).to(inp.kv_a)
+        per_layer = torch.stack([quant.dequantize_nvfp4_modelopt(
+            s["weight_packed"], s["weight_scale"], (1.0 / s["weight_global_scale"]).to(torch.float32)) for s in shards])
+        return dc.replace(inp, kv_a=per_layer.to(inp.kv_a))
+
+    def subjects(fused: Any) -> dict[str, Any]:
+        return {base.CONTEXT_KV_FUSED: (lambda x, kv_a, *rest: fused(x, state["merged"], *rest),
+                                        f"{who}(vLLM's merged NVFP4 weight)")}
+
+    return inputs, subjects
+
+
+def ledger_table(n: int, seed: int, device: str, sources: dict[str, Path], mode: str, entries: list[str] | None = None,
+                 log=None) -> pd.DataFrame:
+    """One row per ledger entry and drafter it reaches: the entry's case class through the step on its engine,
+    with a severity; an entry the step does not reach says why in `severity`."""
+    import dataclasses as dc
+
+    from k3num.engines import base, registry
+    from k3num.fixtures.builders import draft_step_inputs
+    from k3num.harness import draft_step
+    from k3num.harness.judges import LOW
+    from k3num.oracles import ledger
+
+    unknown = sorted(set(entries or ()) - {d.id for d in ledger.LEDGER})
+    if unknown:
+        raise ValueError(f"no ledger entry {', '.join(unknown)}")
+    mirror = registry.get("mirror")
+    rows: list[dict[str, Any]] = []
+    for d in ledger.LEDGER:
+        if entries is not None and d.id not in entries:
+            continue
+        plan: list[tuple[str, str, Any, Any]] = []  # (role, kind, case transform, (inputs, subjects hooks) | None)
+        if d.id in _REASONS:
+            rows.append({"entry": d.id, "role": "case", "engine": d.engine, "severity": _REASONS[d.id]})
+            continue
+        try:
+            engine = registry.get(d.engine, sources, mode)
+        except registry.EngineUnavailable as e:
+            rows.append({"entry": d.id, "role": "case", "engine": d.engine,
+                         "severity": f"not run: {d.engine} unavailable ({e})"[:300]})
+            continue
+        both = ("dspark", "dflash")
+        if d.id == "K3N-001":
+            plan = [("case", k, lambda c: c, None) for k in both]
+        elif d.id == "K3N-002":
+            plan = [("case", k, lambda c: dc.replace(c, last_tap=True), None) for k in both]
+        elif d.id == "K3N-006":
+            # the control: the same cancelling taps through one projection GEMM (the unsharded path)
+            one = engine if engine.provides(base.PROJECT_UNSHARDED) else mirror
+            for role, subject in (("case", (_sharded_projection(engine), "engine(sharded sum)")),
+                                  ("control", (one.subject(base.PROJECT_UNSHARDED), f"{one.name}(one GEMM)"))):
+                plan += [(role, k, lambda c: dc.replace(c, taps=max(c.taps, 2)),
+                          (_cancelling, lambda _s={base.PROJECT_UNSHARDED: subject}: _s)) for k in both]
+        elif d.id in ("K3N-011", "K3N-012"):
+            owner = engine if engine.provides(base.CONTEXT_KV_FUSED) else mirror  # the loader is the engine's
+            fused = owner.subject(base.CONTEXT_KV_FUSED)
+            hooks = (_merged_loader_fp8 if d.id == "K3N-011" else _merged_loader_nvfp4)(
+                engine, "engine" if owner is engine else "mirror")
+            if d.id == "K3N-011":
+                # the K3 width: 576 rows per layer (4.5 blocks of 128) and three layers, the middle one misplaced
+                # (with two layers vLLM's loader raises instead: the second shard's scales overrun); the control:
+                # 512 rows, whole blocks, which load right
+                shapes = [("case", {"kv_lora": 576 - 8, "num_layers": 3}),
+                          ("control", {"kv_lora": 512 - 8, "num_layers": 3})]
+            else:
+                shapes = [("case", {"num_layers": 2})]
+            plan = [(role, "dspark", lambda c, _s=shape: dc.replace(c, **_s),
+                     (hooks[0], lambda _f=fused, _h=hooks: _h[1](_f))) for role, shape in shapes]
+        else:
+            rows.append({"entry": d.id, "role": "case", "engine": d.engine,
+                         "severity": NOT_THE_STEP + "no case class for it yet"})
+            continue
+        for role, kind, shape, hooks in plan:
+            results = []
+            for case in (shape(c) for c in sample_cases(kind, n, seed)):
+                inp = draft_step_inputs(case, LOW, device)
+                subjects = None
+                if hooks is not None:
+                    inp = hooks[0](inp, case)
+                    subjects = hooks[1]()
+                results.append(draft_step.run(engine, mirror, kind, case, device, subjects=subjects, inputs=inp))
+            if log:
+                log(f"[impact] {d.id} {role} {d.engine} {kind}: {len(results)} blocks")
+            rows.append({"entry": d.id, "role": role, **_aggregate(d.engine, kind, results, d.id)})
+    return pd.DataFrame(rows)
+
+
 def cmd_impact(args: argparse.Namespace) -> int:
     from k3num.engines import registry
     from k3num.harness import cli
@@ -126,12 +343,18 @@ def cmd_impact(args: argparse.Namespace) -> int:
             raise ValueError(f"--engine: unknown engine(s) {', '.join(unknown)}; known: {', '.join(registry.known())}")
         if args.cases < 1:
             raise ValueError(f"--cases: expected >= 1, got {args.cases}")
+        if args.ledger and args.engine:
+            raise ValueError("--ledger runs each entry on its own engine: leave out --engine")
         from k3num.fixtures import device as dev
 
         device = dev.resolve(args.device or "")
     except ValueError as e:
         print(f"[impact] ERROR: {e}", file=sys.stderr)
         return 2
+    if args.ledger:
+        table = ledger_table(args.cases, args.seed, device, sources, "auto", log=lambda m: print(m, file=sys.stderr))
+        print(table.to_csv(index=False) if args.format == "csv" else _markdown(table, args, LEDGER_COLUMNS), end="")
+        return 0
     table = engine_table(names, sources, "auto", device, args.cases, args.seed,
                          log=lambda m: print(m, file=sys.stderr))
     judged = table[table.get("positions", pd.Series(dtype=float)).notna()] if "positions" in table else table.iloc[0:0]
@@ -142,15 +365,20 @@ def cmd_impact(args: argparse.Namespace) -> int:
     if args.format == "csv":
         print(table.to_csv(index=False), end="")
     else:
-        print(_markdown(table, args))
+        print(_markdown(table, args, ENGINE_COLUMNS))
     unexplained = judged[(judged["diverged"] > 0) & (judged["ledger"].fillna("") == "")]
     return 1 if len(unexplained) else 0
 
 
-def _markdown(table: pd.DataFrame, args: argparse.Namespace) -> str:
-    cols = ["engine", "drafter", "paths", "positions", "identical", "tie_break", "diverged", "decided_share",
-            "agreement", "noise_agreement", "block", "worst_err_over_delta", "severity", "ledger"]
-    lines = [f"# k3num impact: {args.cases} seeded blocks per engine and drafter (seed {args.seed})", "",
+ENGINE_COLUMNS = ["engine", "drafter", "paths", "positions", "identical", "tie_break", "diverged", "decided_share",
+                  "agreement", "noise_agreement", "block", "worst_err_over_delta", "severity", "ledger"]
+LEDGER_COLUMNS = ["entry", "role", "engine", "drafter", "paths", "positions", "identical", "tie_break", "diverged",
+                  "agreement", "noise_agreement", "worst_err_over_delta", "severity"]
+
+
+def _markdown(table: pd.DataFrame, args: argparse.Namespace, cols: list[str]) -> str:
+    what = "ledger entry and drafter, each entry's case class on its engine" if args.ledger else "engine and drafter"
+    lines = [f"# k3num impact: {args.cases} seeded blocks per {what} (seed {args.seed})", "",
              "Per position against the float64 step: IDENTICAL, TIE-BREAK (a near-tie: the oracle's top-two gap "
              "below delta, the logit budget from the noise floor), DIVERGED (a decided token flipped). agreement: "
              "the mean leading positions equal to the oracle's proposal; noise_agreement: the same for the noise "
@@ -176,4 +404,7 @@ def add_parser(sub) -> None:
     p.add_argument("--cases", type=int, default=20, help="seeded blocks per engine and drafter (default 20)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", choices=("md", "csv"), default="md")
+    p.add_argument("--ledger", action="store_true",
+                   help="instead: each ledger entry's case class through the step on the entry's engine, with a "
+                        "severity, or why the step does not reach it (exit 0 when it ran)")
     p.set_defaults(func=cmd_impact)

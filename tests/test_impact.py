@@ -54,3 +54,39 @@ def test_impact_names_the_ledger_entry_that_changes_tokens_and_exits_0_for_it() 
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     rows = [line for line in r.stdout.splitlines() if line.startswith("vllm-rocm,")]
     assert rows and all(",K3N-001," in row and row.endswith(",changes decided tokens") for row in rows), r.stdout
+
+
+def test_impact_ledger_gives_every_entry_a_severity_or_the_reason_the_step_does_not_reach_it() -> None:
+    """`k3num impact --ledger`: every ledger entry has a row; an entry the step reaches is run through it with its
+    case class, and its control (the same inputs through the path that is not in the entry: one projection GEMM
+    for K3N-006, whole 128-row blocks for K3N-011) changes no decided token, so the case row's flips are the
+    entry's. K3N-001, filed on the token property, changes decided tokens in both drafters."""
+    if fetch.missing_files("vllm") or fetch.missing_files("tokenspeed"):
+        pytest.skip("vllm and tokenspeed are not fetched (k3num fetch vllm tokenspeed)")
+    from k3num.harness import impact
+    from k3num.oracles import ledger
+
+    table = impact.ledger_table(2, 0, "cpu", {}, "auto")
+    assert set(table["entry"]) == {d.id for d in ledger.LEDGER}
+    unrun = table[table["positions"].isna()]
+    assert all(s.startswith(impact.NOT_THE_STEP) for s in unrun["severity"]), unrun.to_string()
+    run = table[table["positions"].notna()]
+    assert set(run["entry"]) >= {"K3N-001", "K3N-002", "K3N-006", "K3N-011", "K3N-012"}
+    controls = run[run["role"] == "control"]
+    assert set(controls["entry"]) == {"K3N-006", "K3N-011"}
+    assert (controls["diverged"] == 0).all() and (controls["worst_err_over_delta"] < 1).all(), controls.to_string()
+    k001 = run[run["entry"] == "K3N-001"]
+    assert sorted(k001["drafter"]) == ["dflash", "dspark"] and (k001["severity"] == impact.CHANGES).all()
+    for entry in ("K3N-006", "K3N-011"):
+        rows = run[run["entry"] == entry]
+        worst = rows.groupby("role")["worst_err_over_delta"].max()
+        assert worst["case"] > 1 > worst["control"], rows.to_string()
+
+
+def test_impact_ledger_refuses_an_engine_and_an_unknown_entry() -> None:
+    r = _impact("--ledger", "--engine", "vllm")
+    assert r.returncode == 2 and "--ledger runs each entry on its own engine" in r.stderr
+    from k3num.harness import impact
+
+    with pytest.raises(ValueError, match="no ledger entry K3N-999"):
+        impact.ledger_table(1, 0, "cpu", {}, "auto", entries=["K3N-999"])

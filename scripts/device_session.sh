@@ -9,7 +9,10 @@
 #   and carry engine-cache/ without its wheels/ folder (about 0.5 MB).
 # Usage: scripts/device_session.sh OUT [PARTS]
 #   PARTS: comma-separated, any of ops,bench,race,k3,small,hunt,sanitize,golden,k3det,scale,stores,isolation,csrc,check,
-#   checkops,ts,oracle,profile,derand,nightly,known,ranks
+#   checkops,ts,oracle,profile,derand,nightly,known,ranks,tokens
+#   `tokens` times the draft step at K3 geometry (bench/draft_step_speed.py: examples/s per engine and drafter,
+#   K3NUM_TOKENS_EXAMPLES, default 5; OUT/tokens-speed.csv), then runs the token properties on cuda under ci and
+#   `k3num impact` and `k3num impact --ledger` on cuda (OUT/tokens-*.log, OUT/impact*.md).
 #   `ranks` runs each PP stage as its own rank on NCCL, one GPU per rank (properties/test_pp_ranks.py --device cuda:
 #   2 and 4 ranks where as many GPUs are visible; the world sizes beyond them skip saying so). OUT/ranks.log.
 #   `known` runs the in-place prefix rewrite property (K3N-007's race on vllm-rocm) under nightly-1k on vllm and
@@ -80,8 +83,8 @@ out=${1:?usage: scripts/device_session.sh OUT [PARTS]}
 parts=",${2:-bench,race,k3,small},"
 want() { [[ "$parts" == *",$1,"* ]]; }
 for p in ${parts//,/ }; do
-    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts|oracle|profile|derand|nightly|known|ranks) ;;
-        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts, oracle, profile, derand, nightly, known, ranks)"
+    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts|oracle|profile|derand|nightly|known|ranks|tokens) ;;
+        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts, oracle, profile, derand, nightly, known, ranks, tokens)"
            exit 2;; esac
 done
 mkdir -p "$out"
@@ -101,7 +104,21 @@ small_engines=${K3NUM_SMALL_ENGINES:-vllm vllm-rocm sglang tokenspeed}
 for e in vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
-ranks=0 known=0 bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0 nightly=0
+tokens=0 ranks=0 known=0 bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0 nightly=0
+if want tokens; then
+    echo "== the draft step at K3 geometry, the token properties and k3num impact on cuda"
+    timeout -s INT "${K3NUM_TOKENS_BENCH_TIMEOUT:-200}" python bench/draft_step_speed.py --geometry k3 \
+        --examples "${K3NUM_TOKENS_EXAMPLES:-5}" --csv "$out/tokens-speed.csv" 2>&1 | tee "$out/tokens-speed.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || tokens=1
+    timeout -s INT "${K3NUM_TOKENS_PROPS_TIMEOUT:-120}" python -m pytest properties/test_draft_tokens.py --device cuda \
+        -p no:cacheprovider -q -rs --hypothesis-profile ci --drift-csv "$out/tokens.csv" 2>&1 | tail -n 25 \
+        | tee "$out/tokens-props.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || tokens=1
+    timeout -s INT 60 python -m k3num.harness.cli impact --device cuda --cases 10 > "$out/impact.md" 2> "$out/impact.err"
+    echo "impact exit $?" | tee -a "$out/tokens-props.log"
+    timeout -s INT 60 python -m k3num.harness.cli impact --ledger --device cuda --cases 10 > "$out/impact-ledger.md" 2>> "$out/impact.err"
+    echo "impact --ledger exit $?" | tee -a "$out/tokens-props.log"
+fi
 if want ranks; then
     echo "== PP stages as ranks on NCCL (one GPU per rank)"
     timeout -s INT "${K3NUM_RANKS_TIMEOUT:-300}" python -m pytest properties/test_pp_ranks.py --device cuda \
@@ -413,5 +430,5 @@ if [ -n "$k3_pid" ]; then wait "$k3_pid"; k3=$?; cat "$out/k3.log"; fi
 if [ -n "$small_pid" ]; then wait "$small_pid"; small=$?; cat "$out/small.log"; fi
 dirs=(); for d in k3 small; do [ -d "$out/$d" ] && dirs+=("$d"); done
 [ ${#dirs[@]} -gt 0 ] && tar czf "$out/properties.tgz" -C "$out" "${dirs[@]}"
-echo "device_session: ranks exit $ranks, known exit $known, nightly exit $nightly, oracle exit $oracle, profile exit $profile, derand exit $derand, ts exit $ts, checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
-[ "$ranks" -eq 0 ] && [ "$known" -eq 0 ] && [ "$nightly" -eq 0 ] && [ "$oracle" -eq 0 ] && [ "$profile" -eq 0 ] && [ "$derand" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]
+echo "device_session: tokens exit $tokens, ranks exit $ranks, known exit $known, nightly exit $nightly, oracle exit $oracle, profile exit $profile, derand exit $derand, ts exit $ts, checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
+[ "$tokens" -eq 0 ] && [ "$ranks" -eq 0 ] && [ "$known" -eq 0 ] && [ "$nightly" -eq 0 ] && [ "$oracle" -eq 0 ] && [ "$profile" -eq 0 ] && [ "$derand" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from k3num.harness import impact
 from k3num.oracles import ledger, pairing
 from k3num.supply import env, fetch
 
@@ -157,6 +158,19 @@ def unexplained_unpaired(unpaired: pd.DataFrame, examples: pd.DataFrame) -> pd.D
     return unpaired[keep]
 
 
+TOKEN_TESTS = ("test_a_decided_token_never_flips", "test_a_block_without_a_near_tie_is_accepted_whole")
+
+
+def new_failure_severity(node: str, args: argparse.Namespace) -> str:
+    """A new failure of a token property flips a decided token on the head (a block without a near-tie not
+    accepted whole has a decided position that differs); any other new failure is a tensor's, whose token
+    effect `k3num impact` on the head measures."""
+    name = node.split("::", 1)[-1].split("[", 1)[0]
+    if name in TOKEN_TESTS:
+        return impact.CHANGES
+    return f"a tensor's: `k3num impact --engine {args.engine} --engine-src {args.engine}={args.head}`"
+
+
 def markdown(found: pd.DataFrame, drift: pd.DataFrame, args: argparse.Namespace, replay: list[str],
              oracle: str = "", split: str = "", unpaired: pd.DataFrame | None = None) -> str:
     """check.md: new first, then what the head cannot run, drift, fixed and known."""
@@ -180,8 +194,12 @@ def markdown(found: pd.DataFrame, drift: pd.DataFrame, args: argparse.Namespace,
         lines.append("")
     lines += ["## New failures (fail on the head, pass on the base)", ""]
     if len(new):
-        lines += ["| property test | new | of | first failure |", "| --- | --- | --- | --- |"]
-        lines += [f"| `{short(r.node)}` | {r.new} | {r.examples} | {r.first_new.replace('|', '/')} |"
+        sev = new["node"].map(lambda n: new_failure_severity(n, args))
+        new = new.assign(severity=sev, _first=sev != impact.CHANGES).sort_values("_first", kind="stable")
+        lines += ["A failure that flips decided tokens is listed first; the others' token effect is `k3num impact` "
+                  "on the head (the command in the row).", "",
+                  "| property test | new | of | severity | first failure |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| `{short(r.node)}` | {r.new} | {r.examples} | {r.severity} | {r.first_new.replace('|', '/')} |"
                   for r in new.itertuples()]
         if replay:
             lines += ["", "Repro bundles, each replayed on the head by:", ""] + [f"    {c}" for c in replay]

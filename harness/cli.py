@@ -176,6 +176,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"[report] ERROR: {e}", file=sys.stderr)
         return 2
     meta = _report_meta(args, metas)
+    if args.impact:
+        from k3num.harness import impact
+
+        try:
+            meta["impact"] = impact.read_severities(args.impact)
+        except ValueError as e:
+            print(f"[report] ERROR: --impact: {e}", file=sys.stderr)
+            return 2
     # what identifies the run: its CSVs and their sidecars (the sidecar holds the run's start time, so two
     # derandomized runs with the same records are two runs, and one run reported twice is one)
     meta["csv_sha256"] = hashlib.sha256(b"".join(
@@ -332,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--allow-missing", nargs="+", default=[], metavar="GROUP",
                      help="with --gate: groups of the history this run may lack (engine[/subject[/property[/mode"
                           "[/device]]]]); any other missing group fails the gate")
+    rep.add_argument("--impact", default=None, metavar="CSV",
+                     help="`k3num impact --ledger --format csv`'s output: each ledger entry's token severity in the "
+                          "report's ledger table (kept in the history with the run)")
     rep.add_argument("--date", default=None, help="override the run's date (ISO 8601, UTC)")
     rep.add_argument("--profile", default=None, help="override the run's hypothesis profile")
     rep.add_argument("--device-name", default=None, help="override the run's device name")

@@ -327,6 +327,31 @@ def ledger_table(n: int, seed: int, device: str, sources: dict[str, Path], mode:
     return pd.DataFrame(rows)
 
 
+_RANK = {CHANGES: 2, NEAR_TIES: 1, NONE: 0}
+
+
+def read_severities(path: str | Path) -> dict[str, str]:
+    """`k3num impact --ledger --format csv`'s output -> {entry: severity}: the worst over the entry's case rows
+    (its drafters; control rows are the check, not the entry), or the reason an entry is not reached. Raises
+    ValueError naming what is wrong with the file."""
+    try:
+        t = pd.read_csv(path, keep_default_na=False)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot read it as a CSV ({e})") from e
+    missing = {"entry", "role", "severity"} - set(t.columns)
+    if missing:
+        raise ValueError(f"{path}: not `k3num impact --ledger --format csv` output (no column "
+                         f"{', '.join(sorted(missing))})")
+    out: dict[str, str] = {}
+    for entry, rows in t[t["role"] == "case"].groupby("entry"):
+        sev = [str(s) for s in rows["severity"]]
+        ranked = [s for s in sev if s in _RANK]
+        out[str(entry)] = max(ranked, key=_RANK.__getitem__) if ranked else sev[0]
+    if not out:
+        raise ValueError(f"{path}: no entry's case row in it")
+    return out
+
+
 def cmd_impact(args: argparse.Namespace) -> int:
     from k3num.engines import registry
     from k3num.harness import cli

@@ -134,7 +134,59 @@ def summarize_run(df: pd.DataFrame, meta: dict) -> dict:
     led = df[df["ledger"] != ""]
     ledger = [{"ledger": k, "records": int(len(h)), "failing": int(h["verdict"].isin(("fail", "known")).sum())}
               for k, h in led.groupby("ledger")]
-    return {"schema": SCHEMA, "meta": meta, "groups": groups, "by_len": by_len, "worst": worst, "ledger": ledger}
+    return {"schema": SCHEMA, "meta": meta, "groups": groups, "by_len": by_len, "worst": worst, "ledger": ledger,
+            "tokens": token_summary(df)}
+
+
+# ---- token-level records (properties/test_draft_tokens.py; their `detail` fields: properties/README.md) ----
+
+TOKEN_FIELDS = ("positions", "decided", "identical", "tie_break", "diverged", "agreement", "noise_agreement",
+                "min_gap_over_delta")
+MAX_POINTS = 2000  # per group: the blocks the report's flips-against-gap plot keeps (the first ones, in CSV order)
+
+
+def token_fields(detail: str) -> dict[str, float] | None:
+    """The numeric token fields of a record's detail, or None when it is not a token-level record."""
+    head = detail.split(";paths=", 1)[0]
+    kv = dict(part.split("=", 1) for part in head.split(";") if "=" in part)
+    if not all(k in kv for k in TOKEN_FIELDS):
+        return None
+    try:
+        return {k: float(kv[k]) for k in TOKEN_FIELDS}
+    except ValueError:
+        return None
+
+
+def token_summary(df: pd.DataFrame) -> list[dict]:
+    """Per group (GROUP) of token-level records: blocks, positions, decided, identical, tie_break, diverged
+    (outside the ledger) and diverged_known (records filed under an entry, with their ids in `ledger`), the
+    mean agreement length and the noise floor's, `d`: per block outside the ledger, agreement minus the
+    noise floor's (the gate's sample), and `points`: [min gap / delta, tie_break + diverged] per block."""
+    rows = df[df["subject"].astype(str).str.startswith("draft_step:")]
+    out = []
+    for key, g in rows.groupby(GROUP, sort=True):
+        parsed: list[tuple[dict[str, float], str]] = []
+        for d, led in zip(g["detail"], g["ledger"]):
+            f = token_fields(str(d))
+            if f is not None:
+                parsed.append((f, str(led)))
+        if not parsed:
+            continue
+        plain = [f for f, led in parsed if not led]
+        known = [f for f, led in parsed if led]
+        every = [f for f, _ in parsed]
+        out.append({
+            **dict(zip(GROUP, key)), "blocks": len(every),
+            **{k: int(sum(f[k] for f in every)) for k in ("positions", "decided", "identical", "tie_break")},
+            "diverged": int(sum(f["diverged"] for f in plain)),
+            "diverged_known": int(sum(f["diverged"] for f in known)),
+            "ledger": ",".join(sorted({led for _, led in parsed if led})),
+            "agreement": float(np.mean([f["agreement"] for f in every])),
+            "noise_agreement": float(np.mean([f["noise_agreement"] for f in every])),
+            "d": [f["agreement"] - f["noise_agreement"] for f in plain],
+            "points": [[f["min_gap_over_delta"], f["tie_break"] + f["diverged"]] for f in every[:MAX_POINTS]],
+        })
+    return out
 
 
 def _plain(v: object) -> object:
@@ -377,5 +429,44 @@ def gate(runs: Sequence[dict], new: dict, *, z: float = Z_ALARM, min_effect: flo
                 else "noise: sampling alone (no two earlier runs share an engine source)")
         rows.append({**row, "shift": a, "sigma_samp": s_samp, "sigma_runs": s_runs, "threshold": thr,
                      "verdict": "alarm" if a > thr else "ok", "note": note})
+    rows += token_gate(new, z=z)
     cols = [*GROUP, "records", "history", "shift", "sigma_samp", "sigma_runs", "threshold", "verdict", "note"]
     return pd.DataFrame(rows).reindex(columns=cols)
+
+
+AGREEMENT_EFFECT = 0.5  # positions per block: a smaller loss of agreement against the noise floor is not an alarm
+
+
+def token_gate(new: dict, *, z: float = Z_ALARM, min_effect: float = AGREEMENT_EFFECT) -> list[dict]:
+    """The gate's rows for the run's token-level groups (property suffixed " [tokens]"): an alarm when a decided
+    token flipped outside the ledger (DIVERGED; the token property fails on it too), or when the engine's
+    agreement length falls below the noise floor's on the same blocks: shift = the mean over blocks of (agreement
+    - the noise floor's agreement), an alarm when it is below -max(z * its standard error, min_effect).
+
+    The comparison needs no history: the noise floor (every K3 path through the bf16 mirror) runs on the same
+    blocks in the same run, so the case draws cancel; z is the ratio gate's (Z_ALARM) and the standard error is
+    the blocks' sample one. min_effect: half a position per block, so that a run whose differences are all
+    equal (standard error 0) does not alarm on a rounding's worth; a greedy verifier accepts whole positions,
+    and the properties' blocks are 4-8 positions long."""
+    rows = []
+    for t in new.get("tokens", []):
+        row = {**{k: t[k] for k in GROUP}, "property": f"{t['property']} [tokens]", "records": t["blocks"],
+               "history": 0}
+        d = np.asarray(t["d"], dtype=np.float64)
+        if not len(d):
+            rows.append({**row, "verdict": "ledger", "note": f"only known divergences ({t['ledger']}) ran here"})
+            continue
+        mean = float(d.mean())
+        se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0
+        thr = max(z * se, min_effect)
+        why = []
+        if t["diverged"]:
+            why.append(f"{t['diverged']} decided token(s) flipped outside the ledger")
+        if mean < -thr:
+            why.append(f"agreement {t['agreement']:.2f} against the noise floor's {t['noise_agreement']:.2f}: "
+                       f"{mean:.2f} positions per block (threshold {-thr:.2f})")
+        rows.append({**row, "shift": mean, "sigma_samp": se, "sigma_runs": 0.0, "threshold": thr,
+                     "verdict": "alarm" if why else "ok",
+                     "note": "; ".join(why) or (f"agreement {t['agreement']:.2f}, the noise floor's "
+                                               f"{t['noise_agreement']:.2f}; no decided token flipped")})
+    return rows

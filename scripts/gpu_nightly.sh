@@ -32,6 +32,10 @@
 #                  appended to it and OUT_DIR/report/ written (`k3num report`: report.md, report.html, plots)
 #   K3NUM_GATE     with K3NUM_HISTORY, 1 makes the regression gate decide too (`k3num report --gate`): the
 #                  job fails on a ratio drift beyond the history's noise, and on an empty history
+#   K3NUM_IMPACT_CASES  with K3NUM_HISTORY: seeded blocks per ledger entry and drafter for `k3num impact --ledger`,
+#                  run before the report so that its ledger table gives each entry's token severity
+#                  (OUT_DIR/impact-ledger.csv); default 10 on cuda, 0 (not run: the report says "not measured")
+#                  on cpu, where Triton's interpreter makes it about 6 s a block
 #   K3NUM_REPRO_ALL  1: --repro-dir OUT_DIR/repro --repro-all (the report's worst cases then replay from
 #                  their bundles; each subject call's inputs are cloned for it)
 #   K3NUM_NIGHTLY_DEVICE  cuda (default) or cpu: the same loop on a machine without a GPU (the
@@ -121,7 +125,18 @@ if covers_vllm_attn_res(t):
 PY
 if [ -n "$history" ]; then
     set +e
-    python -m k3num.harness.cli report --history "$history" --out "$out/report" "${gate[@]}" "$out/drift.csv" \
+    impact=()
+    impact_cases=${K3NUM_IMPACT_CASES:-$([ "$device" = cuda ] && echo 10 || echo 0)}
+    if [ "$impact_cases" -gt 0 ]; then
+        if python -m k3num.harness.cli impact --ledger --format csv --device "$device" --cases "$impact_cases" \
+                > "$out/impact-ledger.csv" 2> "$out/impact.log"; then
+            impact=(--impact "$out/impact-ledger.csv")
+        else
+            echo "gpu_nightly: k3num impact --ledger failed (see $out/impact.log): the report's severities say not measured"
+            status=1
+        fi
+    fi
+    python -m k3num.harness.cli report --history "$history" --out "$out/report" "${gate[@]}" "${impact[@]}" "$out/drift.csv" \
         2>&1 | tee "$out/report.log"
     rrc=${PIPESTATUS[0]}
     set -e

@@ -78,6 +78,26 @@ def _records(pairs, budget=1.0):
     return pd.DataFrame(rows)
 
 
+def test_check_md_lists_a_new_failure_that_flips_decided_tokens_first_with_its_severity():
+    import argparse
+
+    from k3num.harness import check
+
+    def row(node: str) -> dict:
+        return {"node": node, "examples": 10, "new": 2, "fixed": 0, "known": 0, "flaky": 0, "head_skipped": 0,
+                "status": "new", "ledger": "", "first_new": "seed 1", "head_skip_why": ""}
+
+    found = pd.DataFrame([row("properties/test_attn_res.py::test_attn_res_within_rounding_budget_of_oracle[vllm]"),
+                          row("properties/test_draft_tokens.py::test_a_decided_token_never_flips[vllm-dspark]")])
+    drift = pd.DataFrame(columns=["node", "property", "subject", "pairs", "worse", "better", "tied", "median_ratio",
+                                  "p_worse", "drift"])
+    args = argparse.Namespace(engine="vllm", head="/src/vllm", base="pinned", hypothesis_profile="ci", k=None)
+    md = check.markdown(found, drift, args, [])
+    rows = [line for line in md.splitlines() if line.startswith("| `")]
+    assert "test_a_decided_token_never_flips" in rows[0] and "| changes decided tokens |" in rows[0]
+    assert "test_attn_res_within" in rows[1] and "k3num impact --engine vllm --engine-src vllm=/src/vllm" in rows[1]
+
+
 def test_paired_drift_is_quiet_on_ties_and_on_noise_and_fires_on_a_consistent_worsening():
     assert pairing.paired_drift(_records([(0.1, 0.1)] * 40))["drift"].tolist() == ["same"]
     alternating = [(0.2, 0.1) if i % 2 else (0.1, 0.2) for i in range(40)]

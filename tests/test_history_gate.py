@@ -254,3 +254,68 @@ def test_the_drift_mutant_stays_within_budget_under_the_ci_profile_too():
                         "-p", "no:cacheprovider", "-q", "--hypothesis-profile=ci"], cwd=ROOT, capture_output=True,
                        text=True, env={**os.environ, "K3NUM_DRIFT": "unsharded_norm_rounded"}, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:]
+
+
+# ---- the token-level records (properties/test_draft_tokens.py) -----------------------------------------
+
+
+def _token_frame(blocks: list[tuple[int, int, int, int]], *, engine="vllm", ledger="") -> pd.DataFrame:
+    """Token records, one per block: (tie_break, diverged, agreement, noise_agreement) with 6 positions."""
+    df = _frame(np.full(len(blocks), 0.3), engine=engine, subject="draft_step:dspark",
+                prop="draft_decided_tokens_never_flip", ledger=ledger)
+    df["detail"] = [f"kind=dspark;positions=6;decided=5;identical={6 - t - d};tie_break={t};diverged={d};"
+                    f"agreement={a};noise_agreement={n};noise_diverged=0;kl=0.01;min_gap_over_delta=0.5;"
+                    f"paths=aux_capture=engine;project_unsharded=mirror" for t, d, a, n in blocks]
+    return df
+
+
+def test_the_token_gate_passes_an_engine_that_agrees_like_the_noise_floor():
+    blocks = [(0, 0, 6, 6), (1, 0, 3, 3), (0, 0, 5, 6), (0, 0, 6, 5)] * 10
+    rows = hist.token_gate(_run(_token_frame(blocks), 0))
+    assert [r["verdict"] for r in rows] == ["ok"] and rows[0]["property"].endswith("[tokens]")
+
+
+def test_the_token_gate_fires_on_a_decided_token_flipped_outside_the_ledger():
+    blocks = [(0, 0, 6, 6)] * 39 + [(0, 1, 6, 6)]
+    (row,) = hist.token_gate(_run(_token_frame(blocks), 0))
+    assert row["verdict"] == "alarm" and "1 decided token(s) flipped outside the ledger" in row["note"]
+
+
+def test_the_token_gate_fires_on_agreement_lost_against_the_noise_floor_without_a_flip():
+    """Tie-breaks only (no DIVERGED), but the engine's proposals stop agreeing two positions early: the
+    properties pass, the gate does not."""
+    blocks = [(1, 0, 4, 6)] * 40
+    (row,) = hist.token_gate(_run(_token_frame(blocks), 0))
+    assert row["verdict"] == "alarm" and "agreement 4.00 against the noise floor's 6.00" in row["note"]
+    small = [(1, 0, 5, 6), (0, 0, 6, 6), (0, 0, 6, 6), (0, 0, 6, 6)] * 10  # a quarter position: below the effect
+    assert [r["verdict"] for r in hist.token_gate(_run(_token_frame(small), 0))] == ["ok"]
+
+
+def test_the_token_gate_leaves_the_ledgers_blocks_out():
+    (row,) = hist.token_gate(_run(_token_frame([(0, 3, 1, 6)] * 10, ledger="K3N-001"), 0))
+    assert row["verdict"] == "ledger" and "K3N-001" in row["note"]
+    run = _run(pd.concat([_token_frame([(0, 3, 1, 6)] * 10, ledger="K3N-001"), _token_frame([(0, 0, 6, 6)] * 10)]), 0)
+    (row,) = hist.token_gate(run)
+    assert row["verdict"] == "ok" and run["tokens"][0]["diverged_known"] == 30
+
+
+def test_report_shows_the_token_table_and_each_entrys_severity_from_impact(tmp_path, capsys):
+    csv = tmp_path / "drift.csv"
+    _token_frame([(0, 0, 6, 6), (1, 0, 5, 5)] * 5).to_csv(csv, index=False)
+    impact_csv = tmp_path / "impact.csv"
+    pd.DataFrame([{"entry": "K3N-006", "role": "case", "severity": "near-ties only"},
+                  {"entry": "K3N-006", "role": "case", "severity": "changes decided tokens"},
+                  {"entry": "K3N-006", "role": "control", "severity": "no token changes"},
+                  {"entry": "K3N-009", "role": "case", "severity": "not exercised by the draft step: a reason; more"}]
+                 ).to_csv(impact_csv, index=False)
+    assert cli.main(["report", "--history", str(tmp_path / "h"), "--impact", str(impact_csv), str(csv)]) == 0
+    md = (tmp_path / "h" / "report" / "report.md").read_text()
+    assert "## Tokens (latest run)" in md and "| vllm | draft_step:dspark |" in md
+    assert "| K3N-006 | tokenspeed |" in md and "| changes decided tokens |" in md
+    assert "not reached by the draft step: a reason |" in md
+    assert "not measured (k3num impact --ledger" in md  # an entry the CSV does not name
+    assert (tmp_path / "h" / "report" / "token-flips.png").exists()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("entry,severity\nK3N-001,x\n")
+    assert cli.main(["report", "--history", str(tmp_path / "h2"), "--impact", str(bad), str(csv)]) == 2
+    assert "no column role" in capsys.readouterr().err

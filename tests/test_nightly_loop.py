@@ -22,10 +22,14 @@ def _nightly(out: Path, history: Path, *extra: str, **env: str) -> subprocess.Co
 
 def test_the_nightly_loop_appends_reports_and_gates(tmp_path):
     h = tmp_path / "history"
-    first = _nightly(tmp_path / "n1", h)
+    first = _nightly(tmp_path / "n1", h, K3NUM_IMPACT_CASES="1")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
-    for name in ("drift.csv", "drift.meta.json", "summary.md", "report/report.md", "report/report.html"):
+    for name in ("drift.csv", "drift.meta.json", "summary.md", "report/report.md", "report/report.html",
+                 "impact-ledger.csv"):
         assert (tmp_path / "n1" / name).exists(), name
+    # the ledger table gives each entry's token severity from `k3num impact --ledger` (K3N-001: the ROCm tap)
+    assert "| K3N-001 | vllm-rocm |" in (tmp_path / "n1" / "report" / "report.md").read_text()
+    assert "changes decided tokens" in (tmp_path / "n1" / "report" / "report.md").read_text()
     assert "created: 2/2 workers" in (tmp_path / "n1" / "pytest.log").read_text()  # xdist ran it
     second = _nightly(tmp_path / "n2", h, K3NUM_GATE="1")
     assert second.returncode == 0, second.stdout[-3000:]

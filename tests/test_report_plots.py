@@ -1,7 +1,8 @@
 """The report's plots keep their text readable (issue 20): legends outside the plotting area, zeros on a
 log axis drawn at a labelled floor, and no two labels overlapping, checked on matplotlib's rendered
 bounding boxes (not by eye) for the three kinds of plot at their most crowded: a dozen properties on
-one error-vs-length plot, 25 repeat groups on the nondeterminism plot, four stacked ratio panels."""
+one error-vs-length plot, 25 repeat groups on the nondeterminism plot, four stacked ratio panels, a dozen
+engine/drafter series on the token plots."""
 
 from __future__ import annotations
 
@@ -32,8 +33,13 @@ def _runs(n_runs: int = 8, props: int = 4, repeats: int = 25) -> list[dict]:
                    "err_median": 0.0 if (p == 0 and n == 64) else float(rng.uniform(1e-4, 1e-2)),
                    "err_max": float(rng.uniform(1e-3, 1e-1)), "budget_median": 0.05 * n ** 0.5 / 30}
                   for p in range(12) for n in (64, 1024, 7168)]
+        tokens = [{"engine": engine, "subject": f"draft_step:{kind}", "blocks": 40,
+                   "agreement": float(rng.uniform(0.5, 7)), "noise_agreement": float(rng.uniform(4, 7)),
+                   "points": [[float(10 ** rng.uniform(-4, 1.5)), int(rng.integers(0, 8))] for _ in range(40)]}
+                  for engine in ("mirror", "vllm", "vllm-rocm", "sglang", "tokenspeed", "engine-with-a-long-name")
+                  for kind in ("dspark", "dflash")]
         runs.append({"meta": {"date": f"2026-11-{i + 1:02d}T00:00:00Z", "harness_commit": f"{i:07d}"},
-                     "groups": groups, "by_len": by_len, "file": f"r{i}.json"})
+                     "groups": groups, "by_len": by_len, "tokens": tokens, "file": f"r{i}.json"})
     return runs
 
 
@@ -51,6 +57,7 @@ def figures(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     report.plot_ratios(runs, tmp_path)
     report.plot_err_vs_len(runs, tmp_path)
     report.plot_nondeterminism(runs, tmp_path)
+    report.plot_tokens(runs, tmp_path)
     yield kept
     for _, fig in kept:
         report._plt().close(fig)
@@ -110,7 +117,10 @@ def test_a_zero_on_a_log_axis_is_drawn_at_a_labelled_floor(figures) -> None:
 def _series_colours(ax) -> list[tuple]:
     import matplotlib.colors as mcolors
 
-    return [mcolors.to_rgba(line.get_color()) for line in ax.get_lines() if not line.get_label().startswith("0 (")]
+    # a line whose label starts with "_" is left out of the legend by matplotlib: a series' companion (the
+    # token plot's dashed noise floor in its series' colour), not a series
+    return [mcolors.to_rgba(line.get_color()) for line in ax.get_lines()
+            if not line.get_label().startswith(("0 (", "_"))]
 
 
 def test_every_series_of_a_plot_has_its_own_colour_and_a_readable_legend(figures) -> None:
@@ -149,3 +159,14 @@ def test_a_one_run_nondeterminism_plot_is_a_bar_per_group_and_says_so(monkeypatc
         assert not [(a, b) for (a, ba), (b, bb) in itertools.combinations(boxes, 2) if ba.overlaps(bb)]
     finally:
         report._plt().close(fig)
+
+
+def test_the_token_plots_show_every_engine_and_drafter_with_its_noise_floor(figures) -> None:
+    names = {name: fig for name, fig in figures}
+    assert {"token-flips.png", "token-agreement.png"} <= set(names)
+    ax = names["token-agreement.png"].axes[0]
+    series = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+    dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert len(series) == 12 and len(dashed) == 12
+    flips = names["token-flips.png"].axes[0]
+    assert flips.get_xscale() == "log" and len(flips.collections) == 6

@@ -7,11 +7,13 @@ Per engine and subject:
 - `err-vs-len-<engine>-<subject>.png`: the error against the reduction length on log-log axes, the
   latest run's median and worst error per length, with the budget's median per length and its fitted
   slope drawn;
-and `nondeterminism.png`: per group that repeats calls (the hygiene properties), the records with more
-than one distinct output per run.
+`nondeterminism.png`: per group that repeats calls (the hygiene properties), the records with more
+than one distinct output per run; and, when the runs hold token-level records, `token-flips.png` (flips
+against the oracle's margin) and `token-agreement.png` (the agreement length per engine over the history).
 
 Tables: the latest run (meta, examples per test), the gate's verdicts, the worst cases with the
-command that replays each, the ledger's status, and budget slack.
+command that replays each, the token-level groups, the ledger's status with each entry's token severity, and
+budget slack.
 """
 
 from __future__ import annotations
@@ -98,8 +100,42 @@ def ledger_status(run: dict) -> pd.DataFrame:
             status = f"still failing ({x['failing']} of {x['records']} records)"
         else:
             status = f"FIXED: {x['records']} records, none failing; remove the entry"
-        rows.append({"entry": d.id, "engine": d.engine, "test": d.test, "status": status})
+        rows.append({"entry": d.id, "engine": d.engine, "test": d.test, "status": status,
+                     "severity": token_severity(run, d.id)})
     return pd.DataFrame(rows)
+
+
+UNMEASURED = "not measured (k3num impact --ledger; k3num report --impact CSV)"
+
+
+def token_severity(run: dict, entry: str) -> str:
+    """What the entry does to the draft's tokens: from `k3num impact --ledger` given to the report (--impact,
+    kept in the run's meta), else from this run's token records filed under the entry, else UNMEASURED."""
+    from k3num.harness import impact
+
+    given = run["meta"].get("impact", {}).get(entry)
+    if given:
+        from k3num.harness.accounting import clip
+
+        if given.startswith(impact.NOT_THE_STEP):  # the reason up to its first clause; the CSV has it whole
+            return "not reached by the draft step: " + clip(given[len(impact.NOT_THE_STEP):].split(";")[0], 90)
+        return given
+    filed = [t for t in run.get("tokens", []) if entry in t["ledger"].split(",")]
+    if not filed:
+        return UNMEASURED
+    flipped = sum(t["diverged_known"] for t in filed)
+    return impact.CHANGES + " (the token properties)" if flipped else UNMEASURED
+
+
+def token_table(run: dict) -> pd.DataFrame:
+    """The run's token-level groups: blocks and positions judged, the decided share, the IDENTICAL /
+    TIE-BREAK / DIVERGED counts (diverged outside the ledger and inside it apart), the agreement lengths."""
+    t = pd.DataFrame(run.get("tokens", []))
+    if t.empty:
+        return t
+    t["decided_share"] = t["decided"] / t["positions"].where(t["positions"] > 0)
+    return t[["engine", "subject", "property", "blocks", "positions", "decided_share", "identical", "tie_break",
+              "diverged", "diverged_known", "ledger", "agreement", "noise_agreement"]]
 
 
 def budget_slack(runs: Sequence[dict], slack: float = hist.SLACK) -> pd.DataFrame:
@@ -302,6 +338,57 @@ def plot_nondeterminism(runs: Sequence[dict], out: Path) -> list[Path]:
     return [_save(fig, out / "nondeterminism.png")]
 
 
+def plot_tokens(runs: Sequence[dict], out: Path) -> list[Path]:
+    """`token-flips.png`: per block of the latest run, the positions that flipped (TIE-BREAK + DIVERGED)
+    against the block's smallest top-two gap over delta (log x; left of 1 a flip is a tie-break, right of it
+    a decided token), one colour per engine; `token-agreement.png`: per engine and drafter, the mean
+    agreement length per run over the history (solid) beside the noise floor's (dashed). None when no run
+    holds token-level records."""
+    latest = runs[-1].get("tokens", [])
+    history = [(i, t) for i, r in enumerate(runs) for t in r.get("tokens", [])]
+    if not history:
+        return []
+    plt = _plt()
+    paths = []
+    if latest:
+        engines = sorted({t["engine"] for t in latest})
+        fig, ax = plt.subplots(figsize=(7, 3.8))
+        floor = 1e-3
+        for engine, c in zip(engines, _colours(len(engines))):
+            pts = np.asarray([p for t in latest if t["engine"] == engine for p in t["points"]], dtype=np.float64)
+            if not len(pts):
+                continue
+            x = np.maximum(pts[:, 0], floor)
+            ax.scatter(x, pts[:, 1] + (engines.index(engine) - len(engines) / 2) * 0.04, s=8, color=c, alpha=0.6,
+                       label=engine)
+        ax.axvline(1.0, color="k", lw=0.8, ls=":")
+        ax.set_xscale("log")
+        ax.set_xlabel("the block's smallest top-two gap / delta (log; 1e-3 at or below)")
+        ax.set_ylabel("positions flipped in the block")
+        ax.set_title("token flips against the oracle's margin (latest run)", fontsize=9)
+        _legend_outside(ax, len(engines))
+        fig.subplots_adjust(left=0.1, right=0.98, top=0.9, bottom=0.14)
+        paths.append(_save(fig, out / "token-flips.png"))
+    frame = pd.DataFrame([{"run": i, "series": f"{t['engine']}/{t['subject'].split(':')[-1]}",
+                           "blocks": t["blocks"], "agreement": t["agreement"] * t["blocks"],
+                           "noise": t["noise_agreement"] * t["blocks"]} for i, t in history])
+    per = frame.groupby(["series", "run"]).sum().reset_index()
+    series = sorted(per["series"].unique())
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for name, c in zip(series, _colours(len(series))):
+        s = per[per["series"] == name].sort_values("run")
+        ax.plot(s["run"], s["agreement"] / s["blocks"], "o-", ms=3, color=c, label=name)
+        ax.plot(s["run"], s["noise"] / s["blocks"], "--", lw=0.8, color=c)
+    ax.set_xlabel("run (oldest first)")
+    ax.xaxis.set_major_locator(_plt().MaxNLocator(integer=True))
+    ax.set_ylabel("mean agreement length (positions)")
+    ax.set_title("agreement with the float64 draft step (dashed: the noise floor)", fontsize=9)
+    _legend_outside(ax, len(series))
+    fig.subplots_adjust(left=0.1, right=0.98, top=0.9, bottom=0.14)
+    paths.append(_save(fig, out / "token-agreement.png"))
+    return paths
+
+
 # ---- the report ---------------------------------------------------------------------------------
 
 
@@ -312,7 +399,8 @@ def render(runs: Sequence[dict], out: Path, gate: pd.DataFrame | None = None,
     out.mkdir(parents=True, exist_ok=True)
     latest = runs[-1]
     m = latest["meta"]
-    pngs = [*plot_ratios(runs, out), *plot_err_vs_len(runs, out), *plot_nondeterminism(runs, out)]
+    pngs = [*plot_ratios(runs, out), *plot_err_vs_len(runs, out), *plot_nondeterminism(runs, out),
+            *plot_tokens(runs, out)]
     sections: list[tuple[str, str, pd.DataFrame | None]] = []
     head = (f"History: {len(runs)} runs ({_label(runs[0])} to {_label(latest)}). Latest run: {m.get('date', '?')}, "
             f"harness {m.get('harness_commit', '?')}, profile {m.get('profile', '?')}, device "
@@ -326,7 +414,15 @@ def render(runs: Sequence[dict], out: Path, gate: pd.DataFrame | None = None,
                          "(oracles/history.py derives the threshold).", gate))
     sections.append(("Latest run", "", latest_summary(latest)))
     sections.append(("Worst cases (latest run)", "", worst_cases(latest)))
-    sections.append(("Ledger status (latest run)", "", ledger_status(latest)))
+    tokens = token_table(latest)
+    if not tokens.empty:
+        sections.append(("Tokens (latest run)", "Per block of the draft step against the float64 one "
+                         "(properties/test_draft_tokens.py): TIE-BREAK a flip where the oracle's top-two gap is "
+                         "below delta, DIVERGED a decided token flipped (diverged_known: filed in the ledger); "
+                         "agreement: leading positions equal to the oracle's proposal, noise_agreement the same "
+                         "for the noise floor.", tokens))
+    sections.append(("Ledger status (latest run)", "severity: what the entry does to the draft's tokens "
+                     "(k3num impact --ledger).", ledger_status(latest)))
     sections.append((f"Budget slack: worst ratio below {hist.SLACK} in every run", "A budget this loose catches "
                      "nothing: tighten it (oracles/budgets.py) or say why it must be loose.", budget_slack(runs)))
     ex = m.get("examples", {})

@@ -129,8 +129,10 @@ def run(engine: Any, mirror: Any, kind: str, case: Any, device: str, subjects: d
     if inp.given_taps is not None:
         chosen[base.AUX_CAPTURE] = (None, "given taps")
     if all(src in ("mirror", "given taps") for _, src in chosen.values()):
+        runs = [n for n in PATHS[kind] if not (n == base.AUX_CAPTURE and inp.given_taps is not None)]
+        given = " (path 2 is not run: the taps are given)" if inp.given_taps is not None else ""
         raise NoPathBound(f"engine {engine.name} {engine.version} binds none of the {kind} step's K3 paths "
-                          f"({', '.join(PATHS[kind])})")
+                          f"that run here ({', '.join(runs)}){given}")
     g = case.geometry()
     step_bf16 = bf16_step.dspark_step if kind == "dspark" else bf16_step.dflash_step
     step_f64 = ref_step.dspark_step if kind == "dspark" else ref_step.dflash_step

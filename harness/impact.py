@@ -2,6 +2,7 @@
 
     k3num impact [--engine E[,E...]] [--engine-src E=PATH] [--device D] [--cases N] [--seed S] [--format md|csv]
     k3num impact --ledger [--engine-src E=PATH] [--device D] [--cases N] [--seed S] [--format md|csv]
+    k3num impact --activations FILE [--engine E[,E...]] [--device D] [--cases N] ...
 
 For each engine and each drafter whose K3 paths it binds (harness/draft_step.py), N seeded cases of the
 tiny draft step (fixtures.strategies.DraftStepCase) run through the engine's paths and the one bf16
@@ -13,6 +14,12 @@ severity ("changes decided tokens", "near-ties only", "no token changes").
 Exit: 0 nothing diverged outside the ledger (a row whose divergence an entry filed on the token property
 explains names it in `ledger`); 1 a decided token flipped otherwise; 2 could not run (an unknown engine, a bad
 tree, no engine that binds a drafter's path).
+
+`--activations FILE`: a serving run's captured taps (path 2's output), positions and optionally the block's
+hidden states (fixtures/activations.py, checked before anything runs) replace the drawn ones; the geometry is
+the drafter's preset at the file's hidden size, and the draft weights are drawn per case (the presets'
+assumed sizes; a real draft checkpoint is not read by the step yet). Path 2 then is not run: the rows say
+`aux_capture=given taps`, and an engine that binds only path 2 gets "none bound".
 
 `--ledger`: each ledger entry's case class through the step on the entry's engine (`ledger_table`): the
 divergence made to reach the step's inputs the way it reaches a deployment (the tap of the wrong stream, taps
@@ -58,11 +65,47 @@ def severity(diverged: int, tie_break: int) -> str:
     return CHANGES if diverged else (NEAR_TIES if tie_break else NONE)
 
 
+def activation_cases(acts: Any, kind: str, n: int, seed: int) -> list[DraftStepCase]:
+    """n cases of `kind` over captured activations: the drafter's preset geometry (refmodel/draft_step.py
+    STEP_PRESETS: layers, heads, MLP width, vocabulary) at the file's hidden size, its K taps and N tokens, its
+    block (block_hidden's B, else the preset's); a seed per case for the draft weights, which are drawn."""
+    from k3num.refmodel.draft_step import STEP_PRESETS
+
+    g = STEP_PRESETS[f"k3-{kind}-step"]
+    k, tokens, hidden = acts.shape
+    block = acts.block_hidden.shape[0] if acts.block_hidden is not None else g.block
+    rng = random.Random(f"{kind}:{seed}:activations")
+    return [DraftStepCase(kind=kind, hidden=hidden, num_layers=g.num_layers, num_heads=g.num_heads,
+                          head_dim=g.head_dim, kv_heads=g.num_kv_heads, kv_lora=g.kv_lora_rank,
+                          rotary_dim=g.rope.rotary_dim, window=g.window, vocab=g.vocab, taps=k, tokens=tokens,
+                          block=block, seed=rng.randrange(2**31), logit_scale=10.0, mlp_width=g.mlp_width)
+            for _ in range(n)]
+
+
+def with_activations(inp: Any, acts: Any, device: str) -> Any:
+    """The drawn inputs with the captured ones in place: the taps (path 2 not run: they are its output), the
+    context positions, the block's positions after them and, when the file has it, the block's hidden."""
+    import dataclasses as dc
+
+    import torch
+
+    dtype = inp.fc.dtype
+    last = int(acts.positions[-1])
+    b = inp.block_hidden.shape[0]
+    return dc.replace(inp, given_taps=acts.taps.to(dtype).to(device), ctx_positions=acts.positions.to(device),
+                      block_positions=torch.arange(last + 1, last + 1 + b, device=device),
+                      block_hidden=(acts.block_hidden.to(dtype).to(device) if acts.block_hidden is not None
+                                    else inp.block_hidden))
+
+
 def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device: str, n: int, seed: int,
-                 log=None) -> pd.DataFrame:
-    """One row per (engine, drafter) that binds a path of the drafter's step (module docstring)."""
+                 log=None, activations: Any = None) -> pd.DataFrame:
+    """One row per (engine, drafter) that binds a path of the drafter's step (module docstring); with
+    `activations` (fixtures.activations.Activations) the cases are the captured inputs under drawn weights."""
     from k3num.engines import registry
+    from k3num.fixtures.builders import draft_step_inputs
     from k3num.harness import draft_step
+    from k3num.harness.judges import LOW
 
     mirror = registry.get("mirror")
     rows = []
@@ -75,8 +118,12 @@ def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device
         for kind in ("dspark", "dflash"):
             results = []
             try:
-                for case in sample_cases(kind, n, seed):
-                    results.append(draft_step.run(engine, mirror, kind, case, device))
+                if activations is None:
+                    for case in sample_cases(kind, n, seed):
+                        results.append(draft_step.run(engine, mirror, kind, case, device))
+                for case in (activation_cases(activations, kind, n, seed) if activations is not None else ()):
+                    inp = with_activations(draft_step_inputs(case, LOW, device), activations, device)
+                    results.append(draft_step.run(engine, mirror, kind, case, device, inputs=inp))
             except draft_step.NoPathBound as e:
                 rows.append({"engine": name, "drafter": kind, "paths": f"none bound ({e})"[:200]})
                 continue
@@ -370,6 +417,13 @@ def cmd_impact(args: argparse.Namespace) -> int:
             raise ValueError(f"--cases: expected >= 1, got {args.cases}")
         if args.ledger and args.engine:
             raise ValueError("--ledger runs each entry on its own engine: leave out --engine")
+        if args.ledger and args.activations:
+            raise ValueError("--ledger runs each entry's own case class: leave out --activations")
+        acts = None
+        if args.activations:
+            from k3num.fixtures import activations
+
+            acts = activations.load(args.activations)
         from k3num.fixtures import device as dev
 
         device = dev.resolve(args.device or "")
@@ -381,7 +435,7 @@ def cmd_impact(args: argparse.Namespace) -> int:
         print(table.to_csv(index=False) if args.format == "csv" else _markdown(table, args, LEDGER_COLUMNS), end="")
         return 0
     table = engine_table(names, sources, "auto", device, args.cases, args.seed,
-                         log=lambda m: print(m, file=sys.stderr))
+                         log=lambda m: print(m, file=sys.stderr), activations=acts)
     judged = table[table.get("positions", pd.Series(dtype=float)).notna()] if "positions" in table else table.iloc[0:0]
     if judged.empty:
         print("[impact] ERROR: no engine binds a K3 path of either drafter's step: nothing was judged\n"
@@ -429,6 +483,10 @@ def add_parser(sub) -> None:
     p.add_argument("--cases", type=int, default=20, help="seeded blocks per engine and drafter (default 20)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", choices=("md", "csv"), default="md")
+    p.add_argument("--activations", default=None, metavar="FILE",
+                   help="a serving run's captured taps and positions (safetensors: fixtures/activations.py; "
+                        "docs/capturing-activations.md): the cases are these inputs under drawn draft weights at the "
+                        "presets' geometry; a bad file exits 2 naming the tensor")
     p.add_argument("--ledger", action="store_true",
                    help="instead: each ledger entry's case class through the step on the entry's engine, with a "
                         "severity, or why the step does not reach it (exit 0 when it ran)")

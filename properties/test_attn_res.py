@@ -5,50 +5,21 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from k3num.engines import base
-from k3num.fixtures.builders import AttnResInputs, attn_res_inputs
+from k3num.fixtures.builders import attn_res_inputs
 from k3num.fixtures.strategies import AttnResCase, attn_res_cases
-from k3num.harness.judges import EPS, OUT_EPS, attn_res_oracle
 from k3num.harness.ledger_cases import K3N_004, K3N_005, K3N_007  # noqa: F401
-from k3num.oracles.records import judge
-from k3num.properties.support import DEVICE, LOW, assert_bitwise, report, round_storage, subject
+from k3num.properties.checks.attn_res import FLAKY_REPEATS, admitted, as_admitted, check_attn_res_within_rounding_budget
+from k3num.properties.checks.attn_res import call_attn_res as _call
+from k3num.properties.support import DEVICE, LOW, assert_bitwise, round_storage
 
 # each write-inside-the-mix case is run this many times: the GPU race of K3N-004/005 shows on a
 # fraction of calls (3.5-40% on the H200), and a strict xfail must not pass by luck on short profiles
 WRITE_REPEATS = 4
-# K3N-007's reproducer: the ROCm kernel's outputs vary from call to call on the H200 (49 of 300 calls
-# over budget); the accuracy property runs this explicit example FLAKY_REPEATS times, so its strict
-# xfail fails with probability 1 - (251/300)**32 > 0.99 instead of passing by luck
-FLAKY_REPEATS = 32
 # K3N-004/005's reproducers: a write inside the mixed rows with no delta (the GPU race); with K3N-007's,
 # kept with the ledger's case rules (harness/ledger_cases.py)
-
-
-def admitted(engine, case: AttnResCase) -> bool:
-    """Whether the engine's entry point takes this call: all do, except where it declares a
-    precondition (extras["attn_res_admits"](num_blocks, block_write_idx, bank); TokenSpeed's
-    select_attn_res_fwd_kernel: a block write must append, at num_blocks)."""
-    rule = engine.extras.get("attn_res_admits")
-    return rule is None or rule(case.num_blocks, case.block_write_idx, case.bank)
-
-
-def as_admitted(engine, case: AttnResCase) -> AttnResCase:
-    """`case` in the form the engine takes: a write it refuses becomes the model's own call (the write at
-    num_blocks, or none when the bank is full). The refusal itself is its own property."""
-    if admitted(engine, case):
-        return case
-    return dataclasses.replace(case, block_write_idx=case.num_blocks if case.num_blocks < case.bank else -1)
-
-
-def _call(engine, inp: AttnResInputs, case: AttnResCase) -> torch.Tensor:
-    return subject(engine, base.ATTN_RES)(
-        inp.prefix, inp.delta, inp.blocks, inp.norm, inp.qk, inp.out_norm, case.num_blocks, case.block_write_idx,
-        EPS, OUT_EPS,
-    )
 
 
 @given(case=attn_res_cases())
@@ -79,19 +50,6 @@ def test_a_block_written_in_the_call_is_mixed_with_its_written_value(engine, cas
     for attempt in range(WRITE_REPEATS):  # fresh inputs each time: the kernel writes in place
         check_attn_res_within_rounding_budget(engine, case, DEVICE, prop="written_block_mixed_with_written_value",
                                               climb=attempt == 0)
-
-
-def check_attn_res_within_rounding_budget(engine, case: AttnResCase, device: str,
-                                          prop: str = "attn_res_within_rounding_budget", climb: bool = True) -> None:
-    """One attn_res call on `case` judged against the oracle (write, then mix) under mixture_budget."""
-    inp = attn_res_inputs(case, LOW, device)
-    want, budget = attn_res_oracle(engine, inp.prefix, inp.delta, inp.blocks, inp.norm, inp.qk, inp.out_norm,
-                                   case.num_blocks, case.block_write_idx)
-    out = _call(engine, inp, case)
-    report(judge(property=prop, engine=engine, subject=base.ATTN_RES, actual=out,
-                 reference=want, budget=budget, seed=case.seed, reduction_len=case.hidden * (case.num_blocks + 1),
-                 detail=f"nb={case.num_blocks};write={case.block_write_idx};delta={case.with_delta};"
-                        f"onorm={case.with_output_norm}"), climb=climb)
 
 
 @given(case=attn_res_cases())

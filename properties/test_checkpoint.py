@@ -26,8 +26,8 @@ from k3num.harness import run
 from k3num.harness.judges import EPS, OUT_EPS, attn_res_oracle
 from k3num.oracles import budgets
 from k3num.oracles.records import judge
+from k3num.properties.checks.quantized_loading import refused as _refused
 from k3num.properties.support import DEVICE, LOW, report, subject, up
-from k3num.properties.test_quantized_loading import _refused
 from k3num.refmodel import mla, quant
 
 

@@ -19,20 +19,20 @@ from hypothesis import strategies as st
 from k3num.fixtures.builders import CACHE_LAYOUTS
 from k3num.fixtures.strategies import AttnResCase, DraftKVCase, ProjectionCase, k3_context_kv_case, k3_tokens, seeds
 from k3num.oracles import hunt
-from k3num.properties.support import shardable, subject
-from k3num.properties.test_attn_res import check_attn_res_within_rounding_budget
-from k3num.properties.test_attn_res_mix import SUBJECTS as MIX_SUBJECTS
-from k3num.properties.test_attn_res_mix import check_read_only_mixture
-from k3num.properties.test_context_kv import (
+from k3num.properties.checks.attn_res import check_attn_res_within_rounding_budget
+from k3num.properties.checks.attn_res_mix import SUBJECTS as MIX_SUBJECTS
+from k3num.properties.checks.attn_res_mix import check_read_only_mixture
+from k3num.properties.checks.context_kv import (
     check_cache_slots,
     check_fused_within_budget_of_unfused,
     check_layer_output_depends_only_on_its_rows,
     check_layer_outputs_follow_their_row_block,
     check_no_slot_mapping_writes_nothing,
 )
-from k3num.properties.test_determinism import attn_res_cloned, check_deterministic
-from k3num.properties.test_draft_kv import check_draft_kv_within_rounding_budget
-from k3num.properties.test_partial_projection import TRANSFER, check_sharded_within_budget_of_unsharded
+from k3num.properties.checks.determinism import attn_res_cloned, check_deterministic
+from k3num.properties.checks.draft_kv import check_draft_kv_within_rounding_budget
+from k3num.properties.checks.partial_projection import TRANSFER, check_sharded_within_budget_of_unsharded
+from k3num.properties.support import shardable, subject
 from k3num.refmodel import geometry
 from k3num.refmodel.geometry import RopeSpec
 

@@ -24,8 +24,8 @@ from k3num.harness.judges import EPS, OUT_EPS
 from k3num.oracles import hunt
 from k3num.oracles.drift import COLLECTOR
 from k3num.oracles.records import INFO, Record
+from k3num.properties.checks.poisoned_memory import check_poisoned_attn_res, check_poisoned_mixture
 from k3num.properties.support import DEVICE, LOW, subject
-from k3num.properties.test_poisoned_memory import check_poisoned_attn_res, check_poisoned_mixture
 
 OFF_GRID_HIDDEN = [24, 40, 96, 100, 200, 1000, 1536]
 ODD_TOKENS = [1, 3, 5, 7] + ([255, 257] if torch.device(DEVICE).type == "cuda" else [])

@@ -20,16 +20,13 @@ engine logs is reported in the failure message, but it is not a refusal.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from k3num.fixtures.strategies import seeds
-from k3num.oracles.drift import COLLECTOR
-from k3num.oracles.records import INFO, Record
+from k3num.properties.checks.quantized_loading import refused as _refused
 from k3num.refmodel import quant
 
 BLOCK = (quant.FP8_BLOCK, quant.FP8_BLOCK)
@@ -55,15 +52,6 @@ def _checkpoint_stream(shards, order: list[int]) -> list[tuple[str, torch.Tensor
         stream += [(f"model.layers.{layer}.self_attn.kv_a_proj_with_mqa.weight", w),
                    (f"model.layers.{layer}.self_attn.kv_a_proj_with_mqa.weight_scale_inv", s)]
     return stream
-
-
-def _refused(engine, detail: str, e: BaseException) -> None:
-    COLLECTOR.add(Record(
-        property="quantized_load_refused", engine=engine.name, engine_version=engine.version, mode=engine.mode,
-        real_ops="", source_sha256="", subject="block_fp8_loading", device="cpu", dtype="float8_e4m3fn", shape="",
-        reduction_len=0, seed=0, max_abs=math.nan, rel_fro=math.nan, max_ulp=math.nan, cosine=math.nan,
-        nonfinite_mismatch=0, worst="", baseline_err=math.nan, budget=math.nan, budget_rule="a refusal", ratio=0.0,
-        verdict=INFO, detail=f"{detail};{type(e).__name__}: {e}"[:400]))
 
 
 @given(layers=st.integers(1, 5), width=st.sampled_from([128, 256, K3_WIDTH, 192]), hidden=st.sampled_from([128, 256]),

@@ -33,7 +33,7 @@ def main() -> int:
     from k3num.engines import base, registry
     from k3num.fixtures.strategies import AttnResCase
     from k3num.oracles import hunt
-    from k3num.properties.test_determinism import _attn_res
+    from k3num.properties.checks.determinism import attn_res_call
 
     engine = registry.get(args.engine)
     fn = engine.subject(base.ATTN_RES)
@@ -47,7 +47,7 @@ def main() -> int:
         case = AttnResCase(rng.choice([1, 2, 3, 5, 8, 64]), rng.choice([16, 32, 64, 128, 256]), bank, nb, write,
                            rng.random() < 0.5, rng.random() < 0.5, rng.randint(0, 2**16), rng.choice([0.01, 1.0]),
                            rng.choice([0.0, 30.0]))
-        once = _attn_res(engine, fn, case, device)
+        once = attn_res_call(engine, fn, case, device)
         outs = []
         for _ in range(calls):
             with hunt.poisoned_allocations():

@@ -39,7 +39,7 @@ def main() -> None:
     from k3num.fixtures.builders import attn_res_inputs
     from k3num.fixtures.strategies import AttnResCase
     from k3num.harness.judges import EPS, OUT_EPS
-    from k3num.properties.test_attn_res import check_attn_res_within_rounding_budget
+    from k3num.properties.checks.attn_res import check_attn_res_within_rounding_budget
 
     found = AttnResCase(tokens=1, hidden=128, bank=4, num_blocks=4, block_write_idx=-1, with_delta=True,
                         with_output_norm=True, seed=0, scale=0.01, outliers=30.0)

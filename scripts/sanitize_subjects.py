@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from k3num.engines import base, registry  # noqa: E402
 from k3num.fixtures.strategies import AttnResCase, ContextKVCase, DraftKVCase, TapCase  # noqa: E402
 from k3num.oracles import hunt, sanitizer  # noqa: E402
-from k3num.properties.test_determinism import KERNEL_SUBJECTS, _attn_res  # noqa: E402
+from k3num.properties.checks.determinism import KERNEL_SUBJECTS, attn_res_call  # noqa: E402
 from k3num.refmodel.geometry import RopeSpec  # noqa: E402
 
 ROPE = RopeSpec(rotary_dim=16, theta=10000.0, style="gptj")
@@ -118,7 +118,7 @@ def main() -> int:
         for subj, cases in CASES.items():
             if not engine.provides(subj):
                 continue
-            make = _attn_res if subj == base.ATTN_RES else KERNEL_SUBJECTS[subj][1]
+            make = attn_res_call if subj == base.ATTN_RES else KERNEL_SUBJECTS[subj][1]
             for label, case in cases:
                 if (label in OFF_PATH) != (args.cases == "off-path") or (args.only and label != args.only):
                     continue

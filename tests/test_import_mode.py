@@ -235,7 +235,7 @@ def test_import_mode_computes_what_source_mode_computes_from_the_same_tokenspeed
 def test_records_of_an_imported_engine_carry_import_mode_and_the_installed_files_sha256(clean_imports,
                                                                                          monkeypatch,
                                                                                          tmp_path) -> None:
-    from k3num.properties.test_context_kv import check_fused_within_budget_of_unfused
+    from k3num.properties.checks.context_kv import check_fused_within_budget_of_unfused
 
     fake = _install(tmp_path, monkeypatch, "vllm")
     engine = registry.build("vllm")

@@ -41,3 +41,19 @@ def test_engines_holds_adapters_and_their_helpers_only() -> None:
     machinery = {"cli.py", "fetch.py", "cuda_ops.py", "installed.py", "repro.py", "fixes.py", "scaleout.py"}
     found = sorted(p.name for p in (ROOT / "engines").rglob("*.py") if p.name in machinery)
     assert not found, found
+
+
+def test_no_module_imports_a_test_module() -> None:
+    """Shared checks live in properties/checks/ and helpers in tests/ modules not named test_*: a test module
+    imported by another runs its @given tests' collection twice and invites hypothesis's nested-@given trap."""
+    bad = []
+    for folder in ("properties", "tests", "scripts", "bench", "harness", "examples"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
+                         [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+                for name in names:
+                    last = name.split(".")[-1]
+                    if last.startswith("test_") and name.split(".")[0] in ("k3num", "properties", "tests"):
+                        bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: imports {name}")
+    assert not bad, "\n".join(bad)

@@ -18,7 +18,7 @@ from k3num.engines import registry
 from k3num.fixtures.builders import ProjectionInputs, cancelling_projection_inputs, projection_inputs
 from k3num.fixtures.strategies import ProjectionCase
 from k3num.oracles.drift import COLLECTOR
-from k3num.properties.test_partial_projection import check_sharded_within_budget_of_unsharded
+from k3num.properties.checks.partial_projection import check_sharded_within_budget_of_unsharded
 
 LOW = torch.bfloat16
 CASE = ProjectionCase(taps=2, tokens=4, hidden=64, hidden_out=32, stages=((0, 1),), order=(0,), seed=3,

@@ -50,6 +50,7 @@ from hypothesis import HealthCheck, Phase, settings
 
 from k3num.engines import registry
 from k3num.harness import accounting, isolation, run
+from k3num.harness import session_state as state
 from k3num.oracles import ledger
 from k3num.oracles.drift import COLLECTOR
 
@@ -276,7 +277,7 @@ def pytest_configure(config: pytest.Config) -> None:
     ctx = config.stash[RUN] = run.install(_context(config))  # a bad value fails here, before collection
     _resolve_drift_dir(config)
 
-    config._k3num_started = datetime.datetime.now(datetime.timezone.utc)  # type: ignore[attr-defined]
+    config.stash[state.STARTED] = datetime.datetime.now(datetime.timezone.utc)
     csv = config.getoption("--drift-csv")
     if csv and _is_controller(config):  # partial files of an earlier run must not join this one
         for p in scaleout.partial_paths(csv):
@@ -454,7 +455,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
     rep = outcome.get_result()
     if rep.when == "call" or (rep.when == "setup" and rep.outcome != "passed"):
-        item._k3num_outcome = rep.outcome  # type: ignore[attr-defined]
+        item.stash[state.OUTCOME] = rep.outcome
     if not _ours(item):
         return
     if rep.skipped and isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3:
@@ -476,10 +477,10 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
     writes it once more."""
     config = item.config
     path = _csv_target(config)
-    written = getattr(config, "_k3num_written", 0)
+    written = config.stash.get(state.WRITTEN, 0)
     if path and len(COLLECTOR.records) != written:
         COLLECTOR.write_csv(path)
-        config._k3num_written = len(COLLECTOR.records)  # type: ignore[attr-defined]
+        config.stash[state.WRITTEN] = len(COLLECTOR.records)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -506,15 +507,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         written = COLLECTOR.write_frame(df[COLUMNS], path)
         for p in parts:
             p.unlink()
-        config._k3num_frame = df  # type: ignore[attr-defined]
-        config._k3num_csv = (written, len(df))  # type: ignore[attr-defined]
-        _write_meta(config, path, getattr(config, "_k3num_examples", {}),
-                    list(getattr(config, "_k3num_bound", {}).values()))
+        config.stash[state.FRAME] = df
+        config.stash[state.CSV] = (written, len(df))
+        _write_meta(config, path, config.stash.get(state.EXAMPLES, {}),
+                    list(config.stash.get(state.BOUND, {}).values()))
         _link_latest(config, path)
         return
     written = COLLECTOR.write_csv(path)
     _write_meta(config, path, _EXAMPLES, list(_bound().values()))
-    config._k3num_csv = (written, len(COLLECTOR.records))  # type: ignore[attr-defined]
+    config.stash[state.CSV] = (written, len(COLLECTOR.records))
     _link_latest(config, path)
 
 
@@ -552,16 +553,16 @@ def _link_latest(config: pytest.Config, csv: str) -> None:
             link.rename(target.parent / f"{link.stem}-before-{target.stem.removeprefix('drift-')}{link.suffix}")
         if target.exists():
             link.symlink_to(os.path.relpath(target, link.parent))
-    config._k3num_latest = str(Path(ddir) / "drift.csv")  # type: ignore[attr-defined]
+    config.stash[state.LATEST] = str(Path(ddir) / "drift.csv")
 
 
 def pytest_testnodedown(node, error) -> None:
     """xdist controller: keep each worker's account of how it bound the engines (for the summary)."""
-    node.config.__dict__.setdefault("_k3num_bound", {}).update(getattr(node, "workeroutput", {}).get("k3num_bound", {}))
-    node.config.__dict__.setdefault("_k3num_examples", {}).update(
+    node.config.stash.setdefault(state.BOUND, {}).update(getattr(node, "workeroutput", {}).get("k3num_bound", {}))
+    node.config.stash.setdefault(state.EXAMPLES, {}).update(
         getattr(node, "workeroutput", {}).get("k3num_examples", {}))
     gpu = getattr(node, "workeroutput", {}).get("k3num_gpu")
-    node.config.__dict__.setdefault("_k3num_gpus", {})[node.gateway.id] = gpu if gpu else "-"
+    node.config.stash.setdefault(state.GPUS, {})[node.gateway.id] = gpu if gpu else "-"
 
 
 _EXAMPLES: dict[str, int] = {}  # node id -> hypothesis examples run (generate, reuse, target phases)
@@ -616,7 +617,7 @@ def _run_meta(config: pytest.Config, examples: dict[str, int], bound: list[str])
         except OSError:
             model = ""
         device_name = f"{device_name} {model}".strip()
-    started = getattr(config, "_k3num_started", None) or datetime.datetime.now(datetime.timezone.utc)
+    started = config.stash.get(state.STARTED, None) or datetime.datetime.now(datetime.timezone.utc)
     return {
         "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "harness_commit": commit + ("-dirty" if dirty else ""),

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from k3num.harness import isolation
+from k3num.harness import session_state as state
 from k3num.harness.plugin import _WORKER, _ours
 from k3num.oracles.drift import COLLECTOR
 from k3num.oracles.records import not_run as not_run_record
@@ -43,7 +44,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         note = f"{type(e).__name__}: {str(e)[:120]}"
     else:
         note = ""
-    outcome = getattr(item, "_k3num_outcome", "")
+    outcome = item.stash.get(state.OUTCOME, "")
     with open(path, "a") as fh:
         fh.write(",".join(str(v).replace(",", ";") for v in (item.nodeid, outcome, peak, held, held_gc, reserved,
                                                               note)) + "\n")
@@ -53,12 +54,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     """After a failed test of ours (and after the plugin's own teardown wrote the drift CSV): release what
     it keeps alive, and stop this process if its CUDA context is lost."""
-    if getattr(item, "_k3num_outcome", "") == "failed" and _ours(item):
+    if item.stash.get(state.OUTCOME, "") == "failed" and _ours(item):
         isolation.release_failure()
         why = isolation.context_lost()
         if why:
             _context_lost(item, why)
-    if getattr(item.config, "_k3num_lost", None) and _WORKER:
+    if item.config.stash.get(state.LOST, None) and _WORKER:
         _replace_this_worker(item.config)
 
 
@@ -67,7 +68,7 @@ RUNDIR_ENV = isolation.RUNDIR_ENV
 
 def _context_lost(item: pytest.Item, why: str) -> None:
     """This process's CUDA context is gone after `item`: nothing more runs here (isolation.LOST)."""
-    item.config._k3num_lost = (item.nodeid, why)  # type: ignore[attr-defined]
+    item.config.stash[state.LOST] = (item.nodeid, why)
     sys.stderr.write(f"\n[k3num] CUDA context lost after {item.nodeid}: {why}\n")
 
 
@@ -78,7 +79,7 @@ def _replace_this_worker(config: pytest.Config) -> None:
     was reported already."""
     import json
 
-    node, why = config._k3num_lost  # type: ignore[attr-defined]
+    node, why = config.stash[state.LOST]
     rundir = env.get("K3NUM_RUNDIR")
     if rundir:
         with open(os.path.join(rundir, f"lost-{_WORKER}.json"), "w") as fh:
@@ -114,7 +115,7 @@ _REPLACED: list[tuple[str, str, str]] = []  # xdist controller: (worker, node, w
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A test of ours in a process whose CUDA context is lost is not run, and says so (isolation.LOST)."""
-    lost = getattr(item.config, "_k3num_lost", None)
+    lost = item.config.stash.get(state.LOST, None)
     if lost is None or not _ours(item):
         return
     node, why = lost

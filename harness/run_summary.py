@@ -11,6 +11,7 @@ import pytest
 
 from k3num.engines import registry
 from k3num.harness import accounting, scaleout
+from k3num.harness import session_state as state
 from k3num.harness.plugin import _bound, _engine_names, _is_controller, _ours, _own_path
 from k3num.harness.run_isolation import _REPLACED
 from k3num.oracles.drift import COLLECTOR, SM100_NOTE, covers_vllm_attn_res, summarize
@@ -85,39 +86,39 @@ def _judge_the_account(session: pytest.Session) -> None:
     if session.exitstatus == pytest.ExitCode.INTERRUPTED:  # not "no test applies": none got its turn
         empty = [(name, "the run was interrupted before any of its tests ran" if why.startswith("no selected")
                   else why) for name, why in empty]
-    config._k3num_empty = empty  # type: ignore[attr-defined]
+    config.stash[state.EMPTY] = empty
     # collected and never reported: a test xdist dropped (its restart limit reached after crashed
     # workers) or a run cut short; said by name, and a run that meant to run them does not pass
     # --collect-only runs nothing by design: nothing is owed
     never = [] if config.getoption("collectonly", False) else sorted(_COLLECTED - _REPORTED)
-    config._k3num_never = never  # type: ignore[attr-defined]
+    config.stash[state.NEVER] = never
     stopped = session.shouldstop or session.shouldfail or session.exitstatus == pytest.ExitCode.INTERRUPTED
     if (empty or (never and not stopped)) and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def session_of(config: pytest.Config) -> pytest.Session | None:
-    return getattr(config, "_k3num_session", None)
+    return config.stash.get(state.SESSION, None)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    session.config._k3num_session = session  # type: ignore[attr-defined]
+    session.config.stash[state.SESSION] = session
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     """Keep pytest's terminal reporter for the block printed last (pytest_unconfigure)."""
-    config._k3num_tr = terminalreporter  # type: ignore[attr-defined]
+    config.stash[state.TERMINAL] = terminalreporter
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The last lines of the log, in this order: skips grouped by reason, the engines (each with its mode
     and its tests run, skipped and known), the named engines that ran nothing, the drift table, the CSV's
     path, and the command to run next."""
-    if hasattr(config, "workerinput") or not hasattr(config, "_k3num_tr"):
+    if hasattr(config, "workerinput") or state.TERMINAL not in config.stash:
         return
-    if not (_ACCOUNT or getattr(config, "_k3num_never", []) or _REPLACED or getattr(config, "_k3num_lost", None)):
+    if not (_ACCOUNT or config.stash.get(state.NEVER, []) or _REPLACED or config.stash.get(state.LOST, None)):
         return
-    tw = config._k3num_tr._tw  # type: ignore[attr-defined]
+    tw = config.stash[state.TERMINAL]._tw
     outcomes = _outcomes()
     tw.sep("=", "k3-numerics")
     groups = accounting.skip_groups(outcomes + [accounting.Outcome(node, "", "skipped", why)
@@ -128,11 +129,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             tw.line(f"  {n:5d}  {accounting.clip(reason, 160)}")
         if len(groups) > 12:
             tw.line(f"  ... and {len(groups) - 12} more reasons ({sum(n for n, _ in groups[12:])} skips)")
-    gpus = getattr(config, "_k3num_gpus", None)
+    gpus = config.stash.get(state.GPUS, None)
     if gpus and any(g != "-" for g in gpus.values()):
         tw.line("xdist workers on GPUs: " + ", ".join(f"{w} -> GPU {gpus[w]}" for w in sorted(
             gpus, key=scaleout.worker_index)))
-    lost = getattr(config, "_k3num_lost", None)
+    lost = config.stash.get(state.LOST, None)
     if lost:
         n = sum(r.verdict == NOT_RUN for r in COLLECTOR.records)
         tw.line(f"CUDA context lost after {lost[0]} ({lost[1]}): {n} later test(s) not run, counted apart from "
@@ -140,27 +141,27 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     for worker, node, why in _REPLACED:
         tw.line(f"xdist worker {worker} lost its CUDA context after {node} ({why}): replaced, its queue went to "
                 "the other workers")
-    bound = getattr(config, "_k3num_bound", {}) if _is_controller(config) else _bound()
+    bound = config.stash.get(state.BOUND, {}) if _is_controller(config) else _bound()
     if _ACCOUNT:
         tw.line("engines (how each was bound: tests run, skipped, known divergences):")
         for line in accounting.engine_lines(outcomes, bound, _engine_names(config)):
             tw.line(f"  {line}")
-    for name, why in getattr(config, "_k3num_empty", []):
+    for name, why in config.stash.get(state.EMPTY, []):
         tw.line(f"ERROR: engine {name} was asked for and ran no test: {why}", red=True)
-    never = getattr(config, "_k3num_never", [])
+    never = config.stash.get(state.NEVER, [])
     if never:
         tw.line(f"ERROR: {len(never)} collected test(s) never ran ({_why_never(config)}): {', '.join(never[:5])}"
                 f"{' ...' if len(never) > 5 else ''}", red=True)
-    frame = getattr(config, "_k3num_frame", None)
+    frame = config.stash.get(state.FRAME, None)
     summary = summarize(frame) if frame is not None else COLLECTOR.summary()
     if not summary.empty:
         tw.line("drift: worst err/budget ratio per engine and subject")
         tw.line(summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
         if covers_vllm_attn_res(summary):
             tw.line(SM100_NOTE)
-    written = getattr(config, "_k3num_csv", None)
+    written = config.stash.get(state.CSV, None)
     if written:
-        latest = getattr(config, "_k3num_latest", None)
+        latest = config.stash.get(state.LATEST, None)
         tw.line(f"drift CSV: {written[0]} ({written[1]} records)" + (f"; latest: {latest}" if latest else ""))
         home = Path(latest).parent if latest else Path(written[0]).parent
         tw.line(f"next: k3num report --history {home / 'history'} --out {home / 'report'} {written[0]}")

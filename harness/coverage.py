@@ -115,28 +115,59 @@ PATH_OF = {
 def judged_by() -> dict[str, list[str]]:
     """subject or contract -> the property tests that use it, read from properties/*.py: a test that
     names `base.CONSTANT` (a subject), `"name"` (an extras key) or a module-level constant holding one,
-    itself or through a helper of its module it calls. A test calling a helper that names two subjects
-    is counted for both, whichever it passes."""
+    itself or through a helper it calls (one of its module's, or one of properties/checks/ it imports, with
+    the helpers those call). A test calling a helper that names two subjects is counted for both, whichever
+    it passes."""
     from k3num.engines import base
 
     constants = {k: v for k, v in vars(base).items() if isinstance(v, str) and v in base.SUBJECTS}
     trees = {path: ast.parse(path.read_text()) for path in sorted(PROPERTIES.glob("test_*.py"))}
-    names = {  # module-level NAME = "contract" in any property module (imported by the others)
-        t.id: node.value.value for tree in trees.values() for node in tree.body if isinstance(node, ast.Assign)
-        and isinstance(node.value, ast.Constant) and node.value.value in PATH_OF
+    shared = [ast.parse(path.read_text()) for path in sorted((PROPERTIES / "checks").glob("*.py"))]
+    names = {  # module-level NAME = "contract" in any property or checks module (imported by the others)
+        t.id: node.value.value for tree in [*trees.values(), *shared] for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value in PATH_OF
         for t in node.targets if isinstance(t, ast.Name)}
+    checks = _helpers_using([n for tree in shared for n in tree.body if isinstance(n, ast.FunctionDef)],
+                            constants, names)
     out: dict[str, set[str]] = {}
     for path, tree in trees.items():
-        helpers = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("test_")}
-        used_by_helper = {name: _uses(fn, constants, names) for name, fn in helpers.items()}
+        local = [n for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("test_")]
+        used_by_helper = {alias: checks.get(orig, set()) for alias, orig in _checks_imports(tree).items()}
+        used_by_helper.update(_helpers_using(local, constants, names, used_by_helper))
         for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")):
-            used = _uses(fn, constants, names)
-            for call in ast.walk(fn):
-                if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in used_by_helper:
-                    used |= used_by_helper[call.func.id]
+            used = _uses(fn, constants, names) | _calls(fn, used_by_helper)
             for u in used:
                 out.setdefault(u, set()).add(f"{path.name}::{fn.name}")
     return {k: sorted(v) for k, v in out.items()}
+
+
+def _checks_imports(tree: ast.Module) -> dict[str, str]:
+    """name in the module -> name in properties/checks/ (`from k3num.properties.checks.X import a as b`)."""
+    return {a.asname or a.name: a.name for node in tree.body if isinstance(node, ast.ImportFrom)
+            and (node.module or "").startswith("k3num.properties.checks.") for a in node.names}
+
+
+def _calls(fn: ast.AST, used_by: dict[str, set[str]]) -> set[str]:
+    out: set[str] = set()
+    for call in ast.walk(fn):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in used_by:
+            out |= used_by[call.func.id]
+    return out
+
+
+def _helpers_using(helpers: list[ast.FunctionDef], constants: dict[str, str], names: dict[str, str],
+                   known: dict[str, set[str]] | None = None) -> dict[str, set[str]]:
+    """helper name -> what it uses, itself or through the helpers it calls (to a fixed point)."""
+    used = {fn.name: _uses(fn, constants, names) for fn in helpers}
+    changed = True
+    while changed:
+        changed = False
+        for fn in helpers:
+            more = _calls(fn, {**(known or {}), **used}) - used[fn.name]
+            if more:
+                used[fn.name] |= more
+                changed = True
+    return used
 
 
 def _uses(fn: ast.AST, constants: dict[str, str], names: dict[str, str]) -> set[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from k3num.engines import registry
@@ -41,10 +41,14 @@ def _step(engine, kind: str, case: DraftStepCase, prop: str) -> draft_step.StepR
 @pytest.mark.parametrize("kind", KINDS)
 @given(data=st.data())
 def test_a_decided_token_never_flips(engine, kind: str, data: st.DataObject) -> None:
-    """No position whose float64 top-two gap is at least delta proposes another token than the oracle's."""
+    """No position whose float64 top-two gap is at least delta proposes another token than the oracle's.
+
+    A block with no decided position (every gap below delta: about 1 draw in 100 at the smallest logit scale)
+    states nothing here; it is recorded and then rejected, so it does not count towards the examples. A strategy
+    that made such blocks common would fail hypothesis's filter_too_much health check rather than pass empty."""
     case = data.draw(draft_step_cases(kind), label="case")
     r = _step(engine, kind, case, "draft_decided_tokens_never_flip")
-    assert r.verdict.decided > 0, f"the block judged no decided position (every gap below delta {r.delta.value:.3g})"
+    assume(r.verdict.decided > 0)
 
 
 @pytest.mark.parametrize("kind", KINDS)

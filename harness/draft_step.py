@@ -90,27 +90,26 @@ def _taps_f64(inp: Any, case: Any) -> torch.Tensor:
         for layer, (prefix, pending, bank) in zip(case.tap_layers(), inp.tap_states)])
 
 
-def _paths_bf16(kind: str, inp: Any, case: Any, subjects: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+def _paths_bf16(kind: str, inp: Any, case: Any, g: Any, subjects: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """The K3 paths' outputs through `subjects` (bf16): (kv_c, k_pe) for DSpark, (k, v) for DFlash. Taps given
-    with the inputs (inp.given_taps) replace path 2."""
-    g = case.geometry()
+    with the inputs (inp.given_taps) replace path 2. g: the step's geometry (its rope and eps)."""
     taps = inp.given_taps if inp.given_taps is not None else _taps_bf16(inp, case, subjects[base.AUX_CAPTURE])
-    ctx = subjects[base.PROJECT_UNSHARDED](taps, inp.fc, inp.fc_norm, EPS)
+    ctx = subjects[base.PROJECT_UNSHARDED](taps, inp.fc, inp.fc_norm, g.eps)
     if kind == "dspark":
-        kv_c, k_pe = subjects[base.CONTEXT_KV_FUSED](ctx, inp.kv_a, inp.kv_norm, inp.ctx_positions, g.rope, EPS)
+        kv_c, k_pe = subjects[base.CONTEXT_KV_FUSED](ctx, inp.kv_a, inp.kv_norm, inp.ctx_positions, g.rope, g.eps)
         return kv_c, k_pe
-    k, v = subjects[base.DRAFT_CONTEXT_KV](ctx, inp.k_weight, inp.v_weight, inp.k_norm, inp.ctx_positions, g.rope, EPS)
+    k, v = subjects[base.DRAFT_CONTEXT_KV](ctx, inp.k_weight, inp.v_weight, inp.k_norm, inp.ctx_positions, g.rope,
+                                           g.eps)
     return k, v
 
 
-def _paths_f64(kind: str, inp: Any, case: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    g = case.geometry()
+def _paths_f64(kind: str, inp: Any, case: Any, g: Any) -> tuple[torch.Tensor, torch.Tensor]:
     taps = up(inp.given_taps) if inp.given_taps is not None else _taps_f64(inp, case)
-    ctx = ref_projection.project_context(taps, up(inp.fc), up(inp.fc_norm), EPS)
+    ctx = ref_projection.project_context(taps, up(inp.fc), up(inp.fc_norm), g.eps)
     if kind == "dspark":
-        return mla.context_kv(ctx, up(inp.kv_a), up(inp.kv_norm), inp.ctx_positions, g.rope, EPS)
+        return mla.context_kv(ctx, up(inp.kv_a), up(inp.kv_norm), inp.ctx_positions, g.rope, g.eps)
     return ref_projection.draft_context_kv(ctx, up(inp.k_weight), up(inp.v_weight), up(inp.k_norm), inp.ctx_positions,
-                                           g.rope, EPS)
+                                           g.rope, g.eps)
 
 
 def _weights_f64(w: ref_step.DraftWeights) -> ref_step.DraftWeights:
@@ -118,11 +117,11 @@ def _weights_f64(w: ref_step.DraftWeights) -> ref_step.DraftWeights:
 
 
 def run(engine: Any, mirror: Any, kind: str, case: Any, device: str, subjects: dict[str, Any] | None = None,
-        inputs: Any = None) -> StepResult:
+        inputs: Any = None, geometry: Any = None) -> StepResult:
     """The four steps of one case (module docstring); NoPathBound when the engine binds none of the paths.
     `subjects` overrides a path's subject with (callable, label: what it is, shown in `paths`) and `inputs` the
     drawn inputs (a ledger entry's case class: `k3num impact --ledger`; inputs.given_taps replaces path 2 on
-    every side)."""
+    every side); `geometry` the case's (a draft checkpoint's: fixtures/draft_checkpoint.py)."""
     inp = inputs if inputs is not None else draft_step_inputs(case, LOW, device)
     chosen = {name: _subject(engine, mirror, name) for name in PATHS[kind]}
     chosen.update(subjects or {})
@@ -133,15 +132,15 @@ def run(engine: Any, mirror: Any, kind: str, case: Any, device: str, subjects: d
         given = " (path 2 is not run: the taps are given)" if inp.given_taps is not None else ""
         raise NoPathBound(f"engine {engine.name} {engine.version} binds none of the {kind} step's K3 paths "
                           f"that run here ({', '.join(runs)}){given}")
-    g = case.geometry()
+    g = geometry if geometry is not None else case.geometry()
     step_bf16 = bf16_step.dspark_step if kind == "dspark" else bf16_step.dflash_step
     step_f64 = ref_step.dspark_step if kind == "dspark" else ref_step.dflash_step
-    exact = _paths_f64(kind, inp, case)
+    exact = _paths_f64(kind, inp, case, g)
     oracle = step_f64(*exact, inp.ctx_positions, up(inp.block_hidden), inp.block_positions,
                       _weights_f64(inp.weights), g)
     remainder = (inp.ctx_positions, inp.block_hidden, inp.block_positions, inp.weights, g)
-    engine_logits = step_bf16(*_paths_bf16(kind, inp, case, {n: fn for n, (fn, _) in chosen.items()}), *remainder)
-    noise = step_bf16(*_paths_bf16(kind, inp, case, {n: mirror.subject(n) for n in PATHS[kind]}), *remainder)
+    engine_logits = step_bf16(*_paths_bf16(kind, inp, case, g, {n: fn for n, (fn, _) in chosen.items()}), *remainder)
+    noise = step_bf16(*_paths_bf16(kind, inp, case, g, {n: mirror.subject(n) for n in PATHS[kind]}), *remainder)
     exact_paths = step_bf16(*(t.to(LOW) for t in exact), *remainder)
     delta = budgets.logit_budget((up(noise) - oracle).abs().max().item(), oracle.abs().max().item(), LOW)
     return StepResult(kind, ";".join(f"{n}={src}" for n, (_, src) in chosen.items()), oracle, engine_logits, noise,

@@ -3,6 +3,7 @@
     k3num impact [--engine E[,E...]] [--engine-src E=PATH] [--device D] [--cases N] [--seed S] [--format md|csv]
     k3num impact --ledger [--engine-src E=PATH] [--device D] [--cases N] [--seed S] [--format md|csv]
     k3num impact --activations FILE [--engine E[,E...]] [--device D] [--cases N] ...
+    k3num impact --checkpoint DIR [--lm-head DIR] [--activations FILE] [--engine E[,E...]] ...
 
 For each engine and each drafter whose K3 paths it binds (harness/draft_step.py), N seeded cases of the
 tiny draft step (fixtures.strategies.DraftStepCase) run through the engine's paths and the one bf16
@@ -18,8 +19,13 @@ tree, no engine that binds a drafter's path).
 `--activations FILE`: a serving run's captured taps (path 2's output), positions and optionally the block's
 hidden states (fixtures/activations.py, checked before anything runs) replace the drawn ones; the geometry is
 the drafter's preset at the file's hidden size, and the draft weights are drawn per case (the presets'
-assumed sizes; a real draft checkpoint is not read by the step yet). Path 2 then is not run: the rows say
+assumed sizes; with --checkpoint, the checkpoint's). Path 2 then is not run: the rows say
 `aux_capture=given taps`, and an engine that binds only path 2 gets "none bound".
+
+`--checkpoint DIR [--lm-head DIR]`: a DSpark draft checkpoint's own weights (fixtures/draft_checkpoint.py: the
+draft layers with the query's low-rank form, the LM head, path 3's projection and path 1's weight) replace the
+drawn ones at the checkpoint's geometry (the block is the preset's 7); the taps, positions and block states stay
+drawn (or captured, with --activations). DFlash is not run (a row says so): no DFlash checkpoint is read yet.
 
 `--ledger`: each ledger entry's case class through the step on the entry's engine (`ledger_table`): the
 divergence made to reach the step's inputs the way it reaches a deployment (the tap of the wrong stream, taps
@@ -98,10 +104,39 @@ def with_activations(inp: Any, acts: Any, device: str) -> Any:
                                     else inp.block_hidden))
 
 
+def checkpoint_cases(step: Any, n: int, seed: int, acts: Any = None) -> list[DraftStepCase]:
+    """n DSpark cases at a draft checkpoint's geometry (fixtures/draft_checkpoint.DSparkCheckpointStep): its taps,
+    1-12 context positions (the captured ones with `acts`, whose taps and width must match), a seed per case for
+    the drawn inputs."""
+    g = step.geometry
+    if acts is not None and (acts.shape[0], acts.shape[2]) != (step.taps, g.hidden):
+        raise ValueError(f"--activations: {acts.shape[0]} taps of width {acts.shape[2]}, but the checkpoint's draft "
+                         f"reads {step.taps} taps of width {g.hidden}")
+    rng = random.Random(f"dspark:{seed}:checkpoint")
+    return [DraftStepCase(kind="dspark", hidden=g.hidden, num_layers=g.num_layers, num_heads=g.num_heads,
+                          head_dim=g.head_dim, kv_heads=1, kv_lora=g.kv_lora_rank, rotary_dim=g.rope.rotary_dim,
+                          window=0, vocab=g.vocab, taps=step.taps,
+                          tokens=acts.shape[1] if acts is not None else rng.randint(1, 12), block=g.block,
+                          seed=rng.randrange(2**31), logit_scale=10.0, target_layers=max(8, 2 * step.taps + 1),
+                          mlp_width=g.mlp_width)
+            for _ in range(n)]
+
+
+def with_checkpoint(inp: Any, step: Any) -> Any:
+    """The drawn inputs with the checkpoint's weights in place: the draft's layers and LM head, path 3's
+    projection and norm, path 1's weight and norm (the taps, positions and block states stay drawn)."""
+    import dataclasses as dc
+
+    return dc.replace(inp, weights=step.weights, fc=step.fc, fc_norm=step.fc_norm, kv_a=step.kv_a,
+                      kv_norm=step.kv_norm)
+
+
 def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device: str, n: int, seed: int,
-                 log=None, activations: Any = None) -> pd.DataFrame:
+                 log=None, activations: Any = None, checkpoint: Any = None) -> pd.DataFrame:
     """One row per (engine, drafter) that binds a path of the drafter's step (module docstring); with
-    `activations` (fixtures.activations.Activations) the cases are the captured inputs under drawn weights."""
+    `activations` (fixtures.activations.Activations) the cases are the captured inputs under drawn weights; with
+    `checkpoint` (fixtures/draft_checkpoint.DSparkCheckpointStep) the DSpark cases run the draft's own weights
+    and DFlash gets a row saying it did not run."""
     from k3num.engines import registry
     from k3num.fixtures.builders import draft_step_inputs
     from k3num.harness import draft_step
@@ -117,11 +152,21 @@ def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device
             continue
         for kind in ("dspark", "dflash"):
             results = []
+            if checkpoint is not None and kind != "dspark":
+                rows.append({"engine": name, "drafter": kind, "paths": "not run: the checkpoint is a DSpark draft"})
+                continue
             try:
-                if activations is None:
+                if checkpoint is not None:
+                    for case in checkpoint_cases(checkpoint, n, seed, activations):
+                        inp = with_checkpoint(draft_step_inputs(case, LOW, device), checkpoint)
+                        inp = with_activations(inp, activations, device) if activations is not None else inp
+                        results.append(draft_step.run(engine, mirror, kind, case, device, inputs=inp,
+                                                      geometry=checkpoint.geometry))
+                elif activations is None:
                     for case in sample_cases(kind, n, seed):
                         results.append(draft_step.run(engine, mirror, kind, case, device))
-                for case in (activation_cases(activations, kind, n, seed) if activations is not None else ()):
+                for case in (activation_cases(activations, kind, n, seed) if activations is not None
+                             and checkpoint is None else ()):
                     inp = with_activations(draft_step_inputs(case, LOW, device), activations, device)
                     results.append(draft_step.run(engine, mirror, kind, case, device, inputs=inp))
             except draft_step.NoPathBound as e:
@@ -417,8 +462,10 @@ def cmd_impact(args: argparse.Namespace) -> int:
             raise ValueError(f"--cases: expected >= 1, got {args.cases}")
         if args.ledger and args.engine:
             raise ValueError("--ledger runs each entry on its own engine: leave out --engine")
-        if args.ledger and args.activations:
-            raise ValueError("--ledger runs each entry's own case class: leave out --activations")
+        if args.ledger and (args.activations or args.checkpoint):
+            raise ValueError("--ledger runs each entry's own case class: leave out --activations and --checkpoint")
+        if args.lm_head and not args.checkpoint:
+            raise ValueError("--lm-head is read with a draft --checkpoint: give one")
         acts = None
         if args.activations:
             from k3num.fixtures import activations
@@ -427,6 +474,7 @@ def cmd_impact(args: argparse.Namespace) -> int:
         from k3num.fixtures import device as dev
 
         device = dev.resolve(args.device or "")
+        ckpt = _checkpoint_step(args.checkpoint, args.lm_head, device) if args.checkpoint else None
     except ValueError as e:
         print(f"[impact] ERROR: {e}", file=sys.stderr)
         return 2
@@ -435,7 +483,7 @@ def cmd_impact(args: argparse.Namespace) -> int:
         print(table.to_csv(index=False) if args.format == "csv" else _markdown(table, args, LEDGER_COLUMNS), end="")
         return 0
     table = engine_table(names, sources, "auto", device, args.cases, args.seed,
-                         log=lambda m: print(m, file=sys.stderr), activations=acts)
+                         log=lambda m: print(m, file=sys.stderr), activations=acts, checkpoint=ckpt)
     judged = table[table.get("positions", pd.Series(dtype=float)).notna()] if "positions" in table else table.iloc[0:0]
     if judged.empty:
         print("[impact] ERROR: no engine binds a K3 path of either drafter's step: nothing was judged\n"
@@ -447,6 +495,21 @@ def cmd_impact(args: argparse.Namespace) -> int:
         print(_markdown(table, args, ENGINE_COLUMNS))
     unexplained = judged[(judged["diverged"] > 0) & (judged["ledger"].fillna("") == "")]
     return 1 if len(unexplained) else 0
+
+
+def _checkpoint_step(path: str, lm_head: str | None, device: str) -> Any:
+    """--checkpoint DIR (and --lm-head DIR) as the DSpark step's weights; a CheckpointError (a ValueError) names
+    the file and the tensor."""
+    from k3num.fixtures.checkpoint import CheckpointError, open_checkpoint
+    from k3num.fixtures.draft_checkpoint import dspark_step
+    from k3num.harness.judges import LOW
+    from k3num.refmodel.draft_step import STEP_PRESETS
+
+    ckpt = open_checkpoint(path)
+    if not ckpt.is_draft:
+        raise CheckpointError(f"{path}: not a draft checkpoint (its config has no kv_lora_rank)")
+    head = open_checkpoint(lm_head) if lm_head else None
+    return dspark_step(ckpt, head, STEP_PRESETS["k3-dspark-step"].block, LOW, device)
 
 
 ENGINE_COLUMNS = ["engine", "drafter", "paths", "positions", "identical", "tie_break", "diverged", "decided_share",
@@ -487,6 +550,13 @@ def add_parser(sub) -> None:
                    help="a serving run's captured taps and positions (safetensors: fixtures/activations.py; "
                         "docs/capturing-activations.md): the cases are these inputs under drawn draft weights at the "
                         "presets' geometry; a bad file exits 2 naming the tensor")
+    p.add_argument("--checkpoint", default=None, metavar="DIR",
+                   help="a DSpark draft checkpoint (HF layout; fixtures/draft_checkpoint.py lists the tensors): the "
+                        "DSpark cases run the draft's own layers, LM head, projection and context-KV weights; a bad "
+                        "or incomplete checkpoint exits 2 naming the file and the tensor")
+    p.add_argument("--lm-head", default=None, metavar="DIR",
+                   help="the checkpoint holding lm_head.weight when the draft has none (vLLM's DSpark shares the "
+                        "target's)")
     p.add_argument("--ledger", action="store_true",
                    help="instead: each ledger entry's case class through the step on the entry's engine, with a "
                         "severity, or why the step does not reach it (exit 0 when it ran)")

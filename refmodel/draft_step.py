@@ -8,16 +8,19 @@ prefix of the block that the target agrees with.
 - DSpark (MLA; BRIEF §1, §6): the context's latent entries are path 1's output (`mla.context_kv`: kv_c
   [L, N, kv_lora] normed, k_pe [L, N, rope] rotated, written to the draft's MLA cache by vLLM 0.33.0
   `K3DSparkModel._precompute_fused_context_kv`). Each draft layer's attention is MLA in its decompressed
-  form (generic, DeepSeek-V2): per head k = [W_uk kv_c | k_pe] and v = W_uv kv_c, q = [q_nope | rope(q_pe)];
-  the block's own entries come from the layer's kv_a_proj_with_mqa as the context's do.
+  form (generic, DeepSeek-V2): per head k = [W_uk kv_c | k_pe] and v = W_uv kv_c, q = [q_nope | rope(q_pe)]
+  with q = q_proj x, or q_b rmsnorm(q_a x) where the weights have the low-rank form (vLLM 0.33.0's DSpark
+  layers are MLA with q_lora_rank; drawn cases use q_proj); the block's own entries come from the layer's
+  kv_a_proj_with_mqa as the context's do. Not modelled: vLLM's Markov-head logit bias and confidence head.
 - DFlash (GQA; seed 003 §4, §6): the context's K/V are path 3's follow-on (`partial_projection.
   draft_context_kv`: K normed per head and NeoX-rotated, V [L, N, KVH, D]; SGLang 0.5.23 `dflash.py`
   `DFlashAttention.kv_proj_only`, written to the draft KV pool). Each draft layer's attention is GQA
   (generic) over the context inside the sliding window and over the block; the block's own K/V are
-  projected, K-normed and rotated like the context's.
+  projected, K-normed and rotated like the context's. SGLang 0.5.23's DFlash attention norms the query per
+  head too (q_norm); the weights may carry it (drawn cases do not).
 - Generic in both (no K3 file is mirrored): the pre-attention and post-attention RMSNorms, the SwiGLU MLP,
-  the residual adds, the final RMSNorm and the LM head. Whether a deployment's drafter adds a query norm
-  or shares the target's embedding and head is not in the seeds; these functions take the head as given.
+  the residual adds, the final RMSNorm and the LM head. vLLM's DSpark shares the target's embedding and LM
+  head; these functions take the head as given.
 
 Pure functions, float64 only (checked), shapes in the docstrings. The paths' outputs come in as
 arguments: the oracle feeds its own float64 paths, the harness feeds an engine's (harness/draft_step.py).
@@ -134,12 +137,14 @@ def _window_mask(block_positions: torch.Tensor, ctx_positions: torch.Tensor, win
 class DraftWeights:
     """The draft model's weights, float64, stacked per layer (L layers). Common: in_norm, post_norm [L, H];
     o_proj [L, H, NH*Dv]; gate, up [L, F, H]; down [L, H, F]; final_norm [H]; lm_head [V, H].
-    DSpark: q_proj [L, NH*(Dn+R), H]; kv_a [L, kv_lora+R, H] (the block's own latent KV, as path 1's weight);
-    kv_norm [L, kv_lora]; w_uk [L, NH*Dn, kv_lora]; w_uv [L, NH*Dv, kv_lora].
-    DFlash: q_proj [L, NH*D, H]; k_proj, v_proj [L, KVH*D, H]; k_norm [L, D]."""
+    DSpark: q_proj [L, NH*(Dn+R), H], or the query's low-rank form (a draft checkpoint's: q_a [L, Q, H], its
+    norm q_a_norm [L, Q], q_b [L, NH*(Dn+R), Q]; q = q_b rmsnorm(q_a x)); kv_a [L, kv_lora+R, H] (the block's own
+    latent KV, as path 1's weight); kv_norm [L, kv_lora]; w_uk [L, NH*Dn, kv_lora]; w_uv [L, NH*Dv, kv_lora].
+    DFlash: q_proj [L, NH*D, H]; k_proj, v_proj [L, KVH*D, H]; k_norm [L, D]; q_norm [L, D] or None (the query
+    normed per head before its rotation, as SGLang 0.5.23's DFlash attention; None: no query norm)."""
 
     in_norm: torch.Tensor
-    q_proj: torch.Tensor
+    q_proj: torch.Tensor | None
     o_proj: torch.Tensor
     post_norm: torch.Tensor
     gate: torch.Tensor
@@ -154,6 +159,19 @@ class DraftWeights:
     k_proj: torch.Tensor | None = None
     v_proj: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
+    q_a: torch.Tensor | None = None
+    q_a_norm: torch.Tensor | None = None
+    q_b: torch.Tensor | None = None
+    q_norm: torch.Tensor | None = None
+
+
+def dspark_query(x: torch.Tensor, w: DraftWeights, layer: int, eps: float) -> torch.Tensor:
+    """DSpark layer `layer`'s query [B, NH*(Dn+R)] of the normed states x [B, H]: q_proj x, or in the low-rank
+    form q_b rmsnorm(q_a x) (DeepSeek-V2's q_lora; the norm in float64 like every other here)."""
+    if w.q_a is not None and w.q_a_norm is not None and w.q_b is not None:
+        return rmsnorm.normalize(x @ w.q_a[layer].T, w.q_a_norm[layer], eps) @ w.q_b[layer].T
+    assert w.q_proj is not None
+    return x @ w.q_proj[layer].T
 
 
 def dspark_step(kv_c: torch.Tensor, k_pe: torch.Tensor, ctx_positions: torch.Tensor, block_hidden: torch.Tensor,
@@ -170,7 +188,7 @@ def dspark_step(kv_c: torch.Tensor, k_pe: torch.Tensor, ctx_positions: torch.Ten
     h = block_hidden
     for layer in range(g.num_layers):
         x = rmsnorm.normalize(h, w.in_norm[layer], g.eps)
-        q = (x @ w.q_proj[layer].T).view(-1, nh, dn + r)  # [B, NH, Dn + R]
+        q = dspark_query(x, w, layer, g.eps).view(-1, nh, dn + r)  # [B, NH, Dn + R]
         q_pe = rope_ops.rotate(q[..., dn:], block_positions, g.rope)
         own = x @ w.kv_a[layer].T  # [B, kv_lora + R]: the block's own latent entries
         own_c = rmsnorm.normalize(own[:, :kvl], w.kv_norm[layer], g.eps)
@@ -200,7 +218,11 @@ def dflash_step(ctx_k: torch.Tensor, ctx_v: torch.Tensor, ctx_positions: torch.T
     h = block_hidden
     for layer in range(g.num_layers):
         x = rmsnorm.normalize(h, w.in_norm[layer], g.eps)
-        q = rope_ops.rotate((x @ w.q_proj[layer].T).view(-1, nh, d), block_positions, g.rope)
+        assert w.q_proj is not None
+        q = (x @ w.q_proj[layer].T).view(-1, nh, d)
+        if w.q_norm is not None:
+            q = rmsnorm.normalize(q, w.q_norm[layer], g.eps)
+        q = rope_ops.rotate(q, block_positions, g.rope)
         own_k = rmsnorm.normalize((x @ w.k_proj[layer].T).view(-1, kvh, d), w.k_norm[layer], g.eps)
         own_k = rope_ops.rotate(own_k, block_positions, g.rope)
         own_v = (x @ w.v_proj[layer].T).view(-1, kvh, d)
@@ -222,7 +244,19 @@ def _check_step(block_hidden: torch.Tensor, block_positions: torch.Tensor, ctx_p
     checks.float64("final_norm", w.final_norm, (g.hidden,))
     for name in ("in_norm", "post_norm"):
         checks.float64(name, getattr(w, name), (g.num_layers, g.hidden))
-    needed = ("kv_a", "kv_norm", "w_uk", "w_uv") if kind == "dspark" else ("k_proj", "v_proj", "k_norm")
+    needed: tuple[str, ...] = ("kv_a", "kv_norm", "w_uk", "w_uv") if kind == "dspark" else ("k_proj", "v_proj",
+                                                                                          "k_norm")
+    low_rank = ("q_a", "q_a_norm", "q_b")
+    given = [n for n in low_rank if getattr(w, n) is not None]
+    if kind == "dspark" and given and len(given) < len(low_rank):
+        raise ValueError(f"weights: the low-rank query needs all of {', '.join(low_rank)}; given only "
+                         f"{', '.join(given)}")
+    if kind == "dflash" and given:
+        raise ValueError(f"weights: {', '.join(given)}: the dflash step has no low-rank query")
+    if kind == "dspark" and w.q_norm is not None:
+        raise ValueError("weights: q_norm: the dspark step has no per-head query norm")
+    needed += tuple(given) if kind == "dspark" and given else ("q_proj",)
+    needed += ("q_norm",) if w.q_norm is not None else ()
     missing = [n for n in needed if getattr(w, n) is None]
     if missing:
         raise ValueError(f"weights: the {kind} step needs {', '.join(missing)}")

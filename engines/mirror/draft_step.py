@@ -33,6 +33,14 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, g: DraftStepGeometry) -> tor
     return out.view(shape)
 
 
+def _dspark_query(x: torch.Tensor, w: DraftWeights, layer: int, eps: float) -> torch.Tensor:
+    """As refmodel.draft_step.dspark_query: q_proj x, or q_b norm(q_a x) (the norm's output rounded once)."""
+    if w.q_a is not None and w.q_a_norm is not None and w.q_b is not None:
+        return _norm(x @ w.q_a[layer].T, w.q_a_norm[layer], eps) @ w.q_b[layer].T
+    assert w.q_proj is not None
+    return x @ w.q_proj[layer].T
+
+
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
     group = q.shape[1] // k.shape[1]
     kk, vv = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -62,7 +70,7 @@ def dspark_step(kv_c: torch.Tensor, k_pe: torch.Tensor, ctx_positions: torch.Ten
     h = block_hidden
     for layer in range(g.num_layers):
         x = _norm(h, w.in_norm[layer], g.eps)
-        q = (x @ w.q_proj[layer].T).view(-1, nh, dn + r)
+        q = _dspark_query(x, w, layer, g.eps).view(-1, nh, dn + r)
         q = torch.cat([q[..., :dn], _rope(q[..., dn:].contiguous(), block_positions, g)], dim=-1)
         own = x @ w.kv_a[layer].T
         own_c = _norm(own[:, :kvl], w.kv_norm[layer], g.eps)
@@ -85,7 +93,9 @@ def dflash_step(ctx_k: torch.Tensor, ctx_v: torch.Tensor, ctx_positions: torch.T
     h = block_hidden
     for layer in range(g.num_layers):
         x = _norm(h, w.in_norm[layer], g.eps)
-        q = _rope((x @ w.q_proj[layer].T).view(-1, nh, d), block_positions, g)
+        assert w.q_proj is not None
+        q = (x @ w.q_proj[layer].T).view(-1, nh, d)
+        q = _rope(_norm(q, w.q_norm[layer], g.eps) if w.q_norm is not None else q, block_positions, g)
         own_k = _rope(_norm((x @ w.k_proj[layer].T).view(-1, kvh, d), w.k_norm[layer], g.eps), block_positions, g)
         own_v = (x @ w.v_proj[layer].T).view(-1, kvh, d)
         k, v = torch.cat([ctx_k[layer], own_k]), torch.cat([ctx_v[layer], own_v])

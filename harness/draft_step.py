@@ -26,12 +26,10 @@ import torch
 from k3num.engines import base
 from k3num.engines.mirror import draft_step as bf16_step
 from k3num.fixtures.builders import draft_step_inputs, upcast_weights
+from k3num.harness import oracle
 from k3num.harness.judges import LOW, up
 from k3num.oracles import budgets, tokens
-from k3num.refmodel import attn_res as ref_attn_res
 from k3num.refmodel import draft_step as ref_step
-from k3num.refmodel import mla
-from k3num.refmodel import partial_projection as ref_projection
 
 EPS = 1e-5
 # the K3 paths of each drafter's step, as subject names, in the order the step uses them
@@ -84,7 +82,7 @@ def _taps_bf16(inp: Any, case: Any, tap: Any) -> torch.Tensor:
 def _taps_f64(inp: Any, case: Any) -> torch.Tensor:
     """Path 2 in float64, on the prefix the subject mixes (prefix_sum + pending rounded to storage)."""
     w = upcast_weights(inp.target_weights)
-    return torch.stack([ref_attn_res.capture_aux_stream(
+    return torch.stack([oracle.current().capture_aux_stream(
         layer, up(prefix + pending), None, up(bank), enabled=True, weights=w, block_size=case.attn_res_block,
         end_layer=case.target_layers, num_layers=case.target_layers, is_last_rank=True, eps=EPS)
         for layer, (prefix, pending, bank) in zip(case.tap_layers(), inp.tap_states)])
@@ -105,11 +103,11 @@ def _paths_bf16(kind: str, inp: Any, case: Any, g: Any, subjects: dict[str, Any]
 
 def _paths_f64(kind: str, inp: Any, case: Any, g: Any) -> tuple[torch.Tensor, torch.Tensor]:
     taps = up(inp.given_taps) if inp.given_taps is not None else _taps_f64(inp, case)
-    ctx = ref_projection.project_context(taps, up(inp.fc), up(inp.fc_norm), g.eps)
+    ctx = oracle.current().project_context(taps, up(inp.fc), up(inp.fc_norm), g.eps)
     if kind == "dspark":
-        return mla.context_kv(ctx, up(inp.kv_a), up(inp.kv_norm), inp.ctx_positions, g.rope, g.eps)
-    return ref_projection.draft_context_kv(ctx, up(inp.k_weight), up(inp.v_weight), up(inp.k_norm), inp.ctx_positions,
-                                           g.rope, g.eps)
+        return oracle.current().context_kv(ctx, up(inp.kv_a), up(inp.kv_norm), inp.ctx_positions, g.rope, g.eps)
+    return oracle.current().draft_context_kv(ctx, up(inp.k_weight), up(inp.v_weight), up(inp.k_norm),
+                                             inp.ctx_positions, g.rope, g.eps)
 
 
 def _weights_f64(w: ref_step.DraftWeights) -> ref_step.DraftWeights:

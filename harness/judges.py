@@ -21,10 +21,9 @@ from typing import Any
 
 import torch
 
+from k3num.harness import oracle
 from k3num.oracles import budgets
-from k3num.refmodel import attn_res as ref_attn_res
-from k3num.refmodel import mla, rope
-from k3num.refmodel import partial_projection as ref_projection
+from k3num.refmodel import rope
 
 LOW = torch.bfloat16  # the production storage dtype of every path here
 EPS, OUT_EPS = 1e-5, 1e-6  # the norms' eps of the properties' calls (K3's rms_norm_eps; the output norm's)
@@ -68,7 +67,7 @@ def attn_res_oracle(engine: Any, prefix: torch.Tensor, delta: torch.Tensor | Non
     plus the output norm's term when there is one."""
     p = prefix if delta is None else round_storage(engine, prefix.float() + delta.float())
     # one oracle call: its output, the sources it mixed and its mixture before the output norm
-    want, _, _, sources, mixed = ref_attn_res.attn_res_with_sources(
+    want, _, _, sources, mixed = oracle.current().attn_res_with_sources(
         up(p), None, up(blocks), up(norm), up(qk), None if out_norm is None else up(out_norm), num_blocks, write, eps,
         out_eps)
     pre_norm = engine.extras.get("attn_res_roundings", {}).get("pre_out_norm")
@@ -106,8 +105,8 @@ def mix_budget(engine: Any, name: str, want: torch.Tensor, sources: torch.Tensor
 def read_only_mixture(engine: Any, name: str, prefix: torch.Tensor, bank: torch.Tensor, nvb: int,
                       norm: torch.Tensor, proj: torch.Tensor, eps: float = EPS) -> tuple[torch.Tensor, budgets.Budget]:
     """(oracle [T,H], budget) of a read-only pre-norm mixture of bank[:, :nvb] and the prefix."""
-    want, _, _, sources, _ = ref_attn_res.attn_res_with_sources(up(prefix), None, up(bank), up(norm), up(proj), None,
-                                                                nvb, -1, eps, 0.0)
+    want, _, _, sources, _ = oracle.current().attn_res_with_sources(up(prefix), None, up(bank), up(norm), up(proj),
+                                                                    None, nvb, -1, eps, 0.0)
     return want, mix_budget(engine, name, want, sources, up(norm) * up(proj), prefix.shape[1], nvb)
 
 
@@ -117,8 +116,8 @@ def residual_mixture(engine: Any, prefix: torch.Tensor, bank: torch.Tensor, nvb:
     """(oracle [T,H], budget) of the model-level aggregation (SGLang's AttnResidual.forward): the
     mixture rounded to storage, then the output norm in fp32 with one rounding. The mixture's own
     budget less its final rounding is carried through the output norm's gain."""
-    want, _, _, sources, mixed = ref_attn_res.attn_res_with_sources(up(prefix), None, up(bank), up(norm), up(proj),
-                                                                    up(out_norm), nvb, -1, eps, eps)
+    want, _, _, sources, mixed = oracle.current().attn_res_with_sources(up(prefix), None, up(bank), up(norm), up(proj),
+                                                                        up(out_norm), nvb, -1, eps, eps)
     b = mix_budget(engine, "attn_res_residual", mixed, sources, up(norm) * up(proj), prefix.shape[1], nvb)
     return want, normed_after_rounding(want, mixed, b, engine.rounding)
 
@@ -129,7 +128,7 @@ def residual_mixture(engine: Any, prefix: torch.Tensor, bank: torch.Tensor, nvb:
 def context_kv_oracle(x: torch.Tensor, kv_a: torch.Tensor, norm: torch.Tensor, positions: torch.Tensor,
                       spec: Any, eps: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:
     """(kv_c [L,N,kv_lora], k_pe [L,N,rope]) in float64."""
-    return mla.context_kv(up(x), up(kv_a), up(norm), positions, spec, eps)
+    return oracle.current().context_kv(up(x), up(kv_a), up(norm), positions, spec, eps)
 
 
 def fused_qkv_a(kv_a: torch.Tensor, q_lora: int) -> torch.Tensor:
@@ -187,8 +186,8 @@ def draft_context_kv(ctx: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.
                      positions: torch.Tensor, spec: Any, eps: Any = EPS) -> dict[str, Expected]:
     """Draft context K (norm + rope) and V [L,N,KVH,D] of every layer under the theory rule (eps: one
     value, or a tuple of one per layer; the norm's gain below is bounded without eps, which only lowers it)."""
-    want_k, want_v = ref_projection.draft_context_kv(up(ctx), up(k_weight), up(v_weight), up(k_norm), positions,
-                                                     spec, eps)
+    want_k, want_v = oracle.current().draft_context_kv(up(ctx), up(k_weight), up(v_weight), up(k_norm), positions,
+                                                       spec, eps)
     hidden, head_dim = ctx.shape[1], k_norm.shape[1]
     absdot = max((up(ctx).abs() @ up(w).abs().transpose(1, 2)).max().item() for w in (k_weight, v_weight))
     theta = float(positions.max()) * float(rope.inv_freq(spec).max())
@@ -212,7 +211,7 @@ def draft_context_kv(ctx: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.
 
 def projection_oracle(taps: torch.Tensor, fc: torch.Tensor, norm: torch.Tensor, eps: float = EPS) -> torch.Tensor:
     """ctx [N,H_out] = RMSNorm(concat(taps) fc^T) in float64."""
-    return ref_projection.project_context(up(taps), up(fc), up(norm), eps)
+    return oracle.current().project_context(up(taps), up(fc), up(norm), eps)
 
 
 def row_gain(taps: torch.Tensor, fc: torch.Tensor, norm: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """The oracle once per case in the pre-merge check (harness/pairing_run.py).
 
 A paired example runs its body twice, head then base, on the same drawn case. Both passes build the
-same inputs and ask the float64 oracle the same questions; the base's answers are the head's. While
-`active()` holds, the oracle's entry points (ORACLES) are replaced by a memo: on the head's pass each
+same inputs and ask the float64 oracle the same questions; the base's answers are the head's. Each
+pass runs under `passing`, which scopes MEMO (harness/oracle.py's PLAIN with every entry point wrapped)
+as the judges' oracle (`oracle.using`); nothing in refmodel is replaced. On the head's pass each
 call computes and keeps (a copy of its arguments, its result); on a later pass of the same example
 (the base, and the confirming reruns) the k-th call of an entry point is answered from the head's
 k-th call of it, when its arguments are the same values (`same`: tensors by dtype, shape, device and
@@ -23,27 +24,17 @@ import contextlib
 import copy
 import dataclasses
 import functools
-import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-# The float64 oracle's entry points that properties and harness/judges.py call (module, function):
-# every one is read through its module at call time, so replacing the module's attribute reaches them.
-ORACLES: tuple[tuple[str, str], ...] = (
-    ("k3num.refmodel.attn_res", "attn_res"),
-    ("k3num.refmodel.attn_res", "attn_res_with_sources"),
-    ("k3num.refmodel.attn_res", "capture_aux_stream"),
-    ("k3num.refmodel.mla", "context_kv"),
-    ("k3num.refmodel.partial_projection", "project_context"),
-    ("k3num.refmodel.partial_projection", "draft_context_kv"),
-)
+from k3num.harness import oracle
 
 STATS = {"computed": 0, "reused": 0, "missed": 0}  # over the session; `missed` computed on a replaying pass
 _KEPT: dict[str, list[tuple[Any, Any, Any]]] = {}  # entry point -> the head's calls: (args, kwargs, result)
 _SEEN: dict[str, int] = {}  # entry point -> calls made on the current pass
-_STATE = {"recording": False, "on": False, "pass": False}
+_STATE = {"recording": False, "pass": False}
 
 
 _INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -95,27 +86,10 @@ def _memo(key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         STATS["missed"] += 1
         return fn(*args, **kwargs)
 
-    memo.__wrapped_oracle__ = fn  # type: ignore[attr-defined]
     return memo
 
 
-def install() -> None:
-    """Replace ORACLES by their memos (idempotent); between examples they compute plainly."""
-    if _STATE["on"]:
-        return
-    for module, name in ORACLES:
-        mod = importlib.import_module(module)
-        setattr(mod, name, _memo(f"{module}.{name}", getattr(mod, name)))
-    _STATE["on"] = True
-
-
-def uninstall() -> None:
-    for module, name in ORACLES:
-        mod = importlib.import_module(module)
-        fn = getattr(mod, name)
-        setattr(mod, name, getattr(fn, "__wrapped_oracle__", fn))
-    _STATE["on"] = False
-    _KEPT.clear()
+MEMO = oracle.PLAIN.wrapped(_memo)  # the check's oracle: scoped over each pass by `passing`
 
 
 def new_example() -> None:
@@ -130,7 +104,8 @@ def passing(recording: bool) -> Iterator[None]:
     _SEEN.clear()
     _STATE.update(recording=recording, **{"pass": True})
     try:
-        yield
+        with oracle.using(MEMO):
+            yield
     finally:
         _STATE.update(recording=False, **{"pass": False})
         _SEEN.clear()

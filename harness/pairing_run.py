@@ -99,7 +99,6 @@ def pytest_configure(config: pytest.Config) -> None:
     spec = config.getoption("--check-base")
     if spec != "pinned" and not spec.startswith("engine:") and not Path(spec).is_dir():
         raise pytest.UsageError(f"--check-base {spec}: not 'pinned', 'engine:NAME' or a directory")
-    oracle_memo.install()
 
 
 def base_for(config: pytest.Config, head: Engine) -> Engine:

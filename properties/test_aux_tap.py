@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from k3num.engines import base
 from k3num.fixtures.builders import TapInputs, tap_inputs, upcast_weights
 from k3num.fixtures.strategies import TapCase, tap_cases
+from k3num.harness import oracle
 from k3num.harness.judges import mixture_budget
 from k3num.oracles import budgets
 from k3num.oracles.drift import COLLECTOR
@@ -43,7 +44,7 @@ def _tap(engine, case: TapCase, inp: TapInputs, *, enabled: bool = True, weights
 def _oracle(case: TapCase, inp: TapInputs, *, end_layer: int, is_last_rank: bool = True) -> torch.Tensor:
     """The oracle tap on the prefix the subject mixes: prefix_sum + pending rounded to storage."""
     prefix = up(inp.prefix_sum + inp.pending)
-    return ref.capture_aux_stream(
+    return oracle.current().capture_aux_stream(
         case.layer_idx, prefix, None, up(inp.bank), enabled=True, weights=upcast_weights(inp.weights),
         block_size=case.block_size, end_layer=end_layer, num_layers=case.num_layers, is_last_rank=is_last_rank,
         eps=EPS,

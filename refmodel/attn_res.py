@@ -70,8 +70,8 @@ def attn_res(
     written (block_write_idx == -1: the bank is unchanged, and a copy of it would be
     most of the call's memory traffic); every other result is a new tensor.
     """
-    return _parts(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks, block_write_idx, eps,
-                  output_norm_eps, prefix_storage_dtype=prefix_storage_dtype)[:3]
+    return attn_res_with_sources(prefix, delta, blocks, norm_weight, qk_weight, output_norm_weight, num_blocks,
+                                 block_write_idx, eps, output_norm_eps, prefix_storage_dtype=prefix_storage_dtype)[:3]
 
 
 class AttnResParts(NamedTuple):
@@ -166,11 +166,6 @@ def attn_res_with_sources(
     out = mixed if output_norm_weight is None else rmsnorm.normalize(mixed, output_norm_weight, output_norm_eps)
     deferred.raise_first()
     return AttnResParts(out, new_prefix, new_blocks, sources, mixed)
-
-
-# attn_res's body, bound here: harness/oracle_memo.py wraps the two entry points apart (as module
-# attributes), so attn_res must not reach attn_res_with_sources through the module
-_parts = attn_res_with_sources
 
 
 @dataclass(frozen=True)

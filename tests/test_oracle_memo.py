@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from k3num.harness import oracle_memo
+from k3num.harness import oracle, oracle_memo
 from k3num.refmodel import partial_projection
 
 
@@ -39,10 +39,9 @@ def test_same_walks_dataclasses_and_containers():
 
 @pytest.fixture
 def memo():
-    oracle_memo.install()
     oracle_memo.new_example()
     yield oracle_memo
-    oracle_memo.uninstall()
+    oracle_memo.new_example()
 
 
 def _inputs(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -51,37 +50,49 @@ def _inputs(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             dtype=torch.float64), torch.randn(8, generator=g, dtype=torch.float64))
 
 
+def _project(*args):
+    return oracle.current().project_context(*args)  # as the judges call it
+
+
 def test_a_replayed_pass_reuses_the_heads_answer_only_on_the_same_bits(memo):
-    real = partial_projection.project_context.__wrapped_oracle__
+    real = partial_projection.project_context
     taps, fc, norm = _inputs(0)
     before = dict(memo.STATS)
     with memo.passing(recording=True):
-        want = partial_projection.project_context(taps, fc, norm, 1e-5)
+        want = _project(taps, fc, norm, 1e-5)
     with memo.passing(recording=False):
-        same = partial_projection.project_context(taps.clone(), fc.clone(), norm.clone(), 1e-5)
+        same = _project(taps.clone(), fc.clone(), norm.clone(), 1e-5)
         same.fill_(7.0)  # the caller owns what it gets: the kept answer is a copy
     with memo.passing(recording=False):
-        again = partial_projection.project_context(taps.clone(), fc.clone(), norm.clone(), 1e-5)
+        again = _project(taps.clone(), fc.clone(), norm.clone(), 1e-5)
         flipped = taps.clone()
         flipped.view(torch.int64)[0, 0, 0] ^= 1  # one bit of one input
-        other = partial_projection.project_context(flipped, fc, norm, 1e-5)
+        other = _project(flipped, fc, norm, 1e-5)
     assert torch.equal(again, want)
     assert torch.equal(other, real(flipped, fc, norm, 1e-5))
     got = {k: memo.STATS[k] - before[k] for k in memo.STATS}
     assert got == {"computed": 1, "reused": 2, "missed": 1}, got  # the flipped bit was computed, not reused
 
 
-def test_outside_a_pass_the_oracle_computes_plainly(memo):
+def test_outside_a_pass_the_oracle_is_refmodels_own(memo):
     taps, fc, norm = _inputs(1)
     before = dict(memo.STATS)
-    out = partial_projection.project_context(taps, fc, norm, 1e-5)
-    real = partial_projection.project_context.__wrapped_oracle__
-    assert torch.equal(out, real(taps, fc, norm, 1e-5)) and memo.STATS == before
+    assert oracle.current() is oracle.PLAIN
+    out = _project(taps, fc, norm, 1e-5)
+    assert torch.equal(out, partial_projection.project_context(taps, fc, norm, 1e-5)) and memo.STATS == before
 
 
-def test_uninstall_restores_every_entry_point(memo):
+def test_a_pass_scopes_the_memo_and_replaces_nothing_in_refmodel(memo):
     import importlib
-    memo.uninstall()
-    for module, name in memo.ORACLES:
-        assert not hasattr(getattr(importlib.import_module(module), name), "__wrapped_oracle__")
-    memo.install()
+
+    modules = {"attn_res": "attn_res", "attn_res_with_sources": "attn_res", "capture_aux_stream": "attn_res",
+               "context_kv": "mla", "project_context": "partial_projection", "draft_context_kv": "partial_projection"}
+    assert set(modules) == set(oracle.Oracle.entry_points())
+    with pytest.raises(RuntimeError, match="raised inside"):
+        with memo.passing(recording=True):
+            assert oracle.current() is memo.MEMO
+            raise RuntimeError("raised inside")
+    assert oracle.current() is oracle.PLAIN  # the scope ended with its block, on an exception too
+    for name, module in modules.items():
+        fn = getattr(importlib.import_module(f"k3num.refmodel.{module}"), name)
+        assert getattr(oracle.PLAIN, name) is fn and getattr(memo.MEMO, name) is not fn

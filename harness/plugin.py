@@ -246,13 +246,8 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 def pytest_sessionstart(session: pytest.Session) -> None:
     """An unknown --engine is a usage error before collection (here, once every plugin's pytest_configure
     has registered its engines: tests.mutants registers its own)."""
-    opt = session.config.getoption("--engine")
-    if opt and not hasattr(session.config, "workerinput"):
-        names = [n.strip() for n in opt.split(",") if n.strip()]
-        unknown = [n for n in names if n not in registry.known()]
-        if unknown:
-            raise pytest.UsageError(f"--engine {opt}: unknown engine(s) {', '.join(unknown)}; known: "
-                                    f"{', '.join(registry.known())}")
+    if not hasattr(session.config, "workerinput"):
+        _engine_names(session.config)
 
 
 def _unwritable(folder: Path) -> str:
@@ -350,14 +345,15 @@ def k3num_run(request: pytest.FixtureRequest) -> run.RunContext:
 
 
 def _engine_names(config: pytest.Config) -> list[str]:
+    """The engines --engine names (the defaults without it); a UsageError naming any unknown one."""
     opt = config.getoption("--engine")
     if not opt:
         return registry.defaults()
     names = [n.strip() for n in opt.split(",") if n.strip()]
-    known = registry.known()
-    unknown = [n for n in names if n not in known]
+    unknown = [n for n in names if n not in registry.known()]
     if unknown:
-        raise pytest.UsageError(f"--engine: unknown engine(s) {unknown}; known: {known}")
+        raise pytest.UsageError(f"--engine {opt}: unknown engine(s) {', '.join(unknown)}; known: "
+                                f"{', '.join(registry.known())}")
     return names
 
 

@@ -98,8 +98,8 @@ def build(name: str, sources: Mapping[str, Path] | None = None, mode: str = "aut
 _REAL = {
     "vllm": ("k3num.engines.vllm_adapter", "build"),
     "vllm-rocm": ("k3num.engines.vllm_adapter", "build_rocm"),
-    "tokenspeed": ("k3num.engines.tokenspeed_engine", "build"),
-    "sglang": ("k3num.engines.sglang_engine", "build"),
+    "tokenspeed": ("k3num.engines.tokenspeed_adapter", "build"),
+    "sglang": ("k3num.engines.sglang_adapter", "build"),
 }
 
 

@@ -8,8 +8,8 @@ the property tests that judge it (found by reading properties/*.py for the subje
 bound as), and, where it is not bound, why and what binding it would need.
 
 The bound rows are built from the adapters' declarations: vLLM's `CONTRACT`
-(engines/vllm_adapter), SGLang's and TokenSpeed's `BOUND` (engines/sglang_engine.py,
-engines/tokenspeed_engine.py, engines/sglang_transfer.py). The unbound rows are the census below
+(engines/vllm_adapter), SGLang's and TokenSpeed's `BOUND` (engines/sglang_adapter/,
+engines/tokenspeed_adapter/, engines/sglang_adapter/transfer.py). The unbound rows are the census below
 (UNBOUND). tests/test_coverage.py keeps the table true: every pinned file has a row, and every
 bound row names a function its pinned file defines.
 
@@ -75,7 +75,9 @@ def _language(file: str, function: str) -> str:
 
 def bound_rows() -> list[Row]:
     """The rows the adapters declare they bind."""
-    from k3num.engines import sglang_engine, sglang_transfer, tokenspeed_engine
+    from k3num.engines import sglang_adapter as sglang_engine
+    from k3num.engines import tokenspeed_adapter as tokenspeed_engine
+    from k3num.engines.sglang_adapter import transfer as sglang_transfer
     from k3num.engines.vllm_adapter import BOUND_BESIDES_CONTRACT, CONTRACT
 
     rows: list[Row] = []

@@ -1,5 +1,5 @@
 """The draft-KV transfer between a prefill and a decode of other TP sizes (seed 003): SGLang's released
-KV path (engines/sglang_transfer.py, lifted from mooncake/conn.py and run on synthetic pointers with a
+KV path (engines/sglang_adapter/transfer.py, lifted from mooncake/conn.py and run on synthetic pointers with a
 recording transfer function) against refmodel/transfer_plan.py's head-aware plan.
 
 The statement: for any prefill/decode TP sizes, KV heads, page size, page layout, PP stage and layer

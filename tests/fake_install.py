@@ -127,7 +127,7 @@ SHIMS: dict[str, dict[str, str]] = {
             "import functools\n"
             "@functools.cache\n"
             "def _kernels():\n"
-            "    from k3num.engines import tokenspeed_kernels\n"
+            "    from k3num.engines.tokenspeed_adapter import kernels as tokenspeed_kernels\n"
             "    from k3num.supply import fetch\n"
             "    return tokenspeed_kernels.load(fetch.cache_root() / 'tokenspeed-0.1.1', True, want_cuda_rope=False)\n"
             "def apply_k_rope(positions, k, head_size, cos_sin_cache, *, is_neox=True, **kw):\n"

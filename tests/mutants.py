@@ -551,8 +551,10 @@ def _appending_rule(num_blocks: int, write: int, bank: int) -> bool:
 
 
 def _tokenspeed_pp(bug: str) -> Callable:
-    """TokenSpeed's real PP forward (engines/tokenspeed_attn_res.py) with one piece broken."""
-    from k3num.engines import source, tokenspeed_attn_res, tokenspeed_kernels
+    """TokenSpeed's real PP forward (engines/tokenspeed_adapter/attn_res.py) with one piece broken."""
+    from k3num.engines import source
+    from k3num.engines.tokenspeed_adapter import attn_res as tokenspeed_attn_res
+    from k3num.engines.tokenspeed_adapter import kernels as tokenspeed_kernels
     from k3num.supply import fetch
 
     root = fetch.Source("tokenspeed").root

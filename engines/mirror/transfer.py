@@ -50,7 +50,7 @@ class KVSender:
 
     def send(self, kv_ptrs, item_lens, layer_ids, dst_ptrs, dst_layer_ids, src_pages, dst_pages, *,
              dst_kv_item_len, dst_item_lens=None):
-        from k3num.engines.sglang_transfer import Sent
+        from k3num.engines.sglang_adapter.transfer import Sent
 
         if layer_ids or dst_layer_ids:
             pairs = build_transfer_entry_pairs(list(layer_ids or []), list(dst_layer_ids or []), len(kv_ptrs),

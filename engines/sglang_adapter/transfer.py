@@ -61,7 +61,8 @@ BOUND = {
     BASE_PY: ("StateType",),
 }
 ROUTES = ("send_kvcache", "staging", "send_kvcache_slice")
-_LOG = logging.getLogger("k3num.sglang_transfer")  # the released code logs its refusals; Sent.failure keeps them
+# the released code logs its refusals; Sent.failure keeps them
+_LOG = logging.getLogger("k3num.sglang_adapter.transfer")
 _LOG.addHandler(logging.NullHandler())
 _LOG.propagate = False
 

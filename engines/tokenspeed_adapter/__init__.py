@@ -31,9 +31,11 @@ from typing import Any
 
 import torch
 
-from k3num.engines import base, source, standins, tokenspeed_attn_res, tokenspeed_kernels, triton_support
+from k3num.engines import base, source, standins, triton_support
 from k3num.engines.mirror.context_kv import rope_cache
 from k3num.engines.registry import EngineUnavailable
+from k3num.engines.tokenspeed_adapter import attn_res as tokenspeed_attn_res
+from k3num.engines.tokenspeed_adapter import kernels as tokenspeed_kernels
 from k3num.supply import fetch, installed
 
 PIN = fetch.PINS["tokenspeed"]

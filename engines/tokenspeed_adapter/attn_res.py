@@ -1,7 +1,7 @@
 """TokenSpeed 0.1.1's AttnRes stack (path 2) as subjects: the kernel, the aux tap, the PP forward loop.
 
 Lifted from the hash-checked files (tokenspeed/runtime/models/kimi_k3.py and tokenspeed-kernel 0.1.4's
-ops/residual/), with the kernels of engines.tokenspeed_kernels:
+ops/residual/), with the kernels of engines/tokenspeed_adapter/kernels.py:
 - ATTN_RES: `attn_res_fwd` with its `select_attn_res_fwd_kernel` (the public entry point: it checks
   num_valid_blocks and that a block write appends, `block_write_idx == num_valid_blocks`, and refuses
   otherwise with ValueError before anything is written), selecting `torch_attn_res_fwd` on an H200 and on

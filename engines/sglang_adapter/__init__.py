@@ -17,7 +17,7 @@ globals; the layer objects the adapter passes in stay stand-ins (named in
   (Triton) as DRAFT_CONTEXT_KV, fed by `kv_proj_only`.
 - the released draft-KV transfer (`mooncake/conn.py`: `send_kvcache`, `_send_kvcache_generic`,
   `_state_stride_mismatch`, the worker's routing rule; `common/conn.py`'s PP slice), lifted and run
-  on synthetic pointers (engines/sglang_transfer.py), as the `kv_transfer` contract.
+  on synthetic pointers (engines/sglang_adapter/transfer.py), as the `kv_transfer` contract.
 - `sglang/kernels/ops/speculative/fused_kv_materialize.py::FusedKVMaterializeHelper` (DFlash's
   draft-KV writer: one GEMM, then the Triton `_fused_norm_rope_kernel_stacked`) as the extra
   `draft_kv_materialize`, with DRAFT_CONTEXT_KV's signature.
@@ -101,8 +101,8 @@ def _build_imported(inst: installed.Installed) -> base.Engine:
 
 
 def _kv_transfer(root: Path) -> tuple[Any, str]:
-    """(the released KV transfer, lifted: engines/sglang_transfer.py, ""), or (None, why it is not bound)."""
-    from k3num.engines import sglang_transfer
+    """(the released KV transfer, lifted: engines/sglang_adapter/transfer.py, ""), or (None, why it is not bound)."""
+    from k3num.engines.sglang_adapter import transfer as sglang_transfer
 
     try:
         sglang_transfer.manager(root)  # lift everything now: a changed file is reported at build time

@@ -6,7 +6,8 @@ it is (name, version, mode, which ops are real, the sha256 of each subject's
 source). Properties ask an engine for a subject by name; a missing one skips
 the test with a reason naming the engine and the subject.
 
-Subject signatures (tensors in the engine's dtype, bf16 unless stated):
+Subject signatures (tensors in the engine's dtype, bf16 unless stated; typed, with each subject's K3 path
+and oracle, in engines/subjects.py):
 - CONTEXT_KV_FUSED(context_states [N,H], kv_a_weight [L,W,H], kv_norm_weight [L,kv_lora],
   positions [N] int, rope: RopeSpec, eps, caches [L,NB,BS,W] | list of L [NB,BS,W] | None,
   slot_mapping [N] | [L,N] | None) -> (kv_c [L,N,kv_lora], k_pe [L,N,W-kv_lora]);
@@ -117,9 +118,15 @@ class Engine:
     # even, as torch and the GPU do); the Triton interpreter truncates instead (BRIEF §4 quirk a)
     storage_rounding: Callable[[Any], Any] | None = None
     rounding: str = "nearest"  # the mode of storage_rounding, for oracles.budgets.unit_roundoff
-    # engine-specific contracts outside the subject interfaces (e.g. vLLM's weight loading)
+    # engine-specific contracts and facts outside the subject interfaces (e.g. vLLM's weight loading):
+    # each key a capability of engines/subjects.py CAPABILITIES (checked when the engine is built)
     extras: dict[str, Any] = field(default_factory=dict)
     mode_note: str = ""
+
+    def __post_init__(self) -> None:
+        from k3num.engines import subjects  # the records import this module's names
+
+        subjects.check_extras(self.name, self.extras)
 
     def __repr__(self) -> str:
         """One line (name, version, mode): hypothesis prints the engine in every falsifying example."""

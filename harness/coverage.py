@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from k3num.engines import subjects
+
 COLUMNS = ("engine", "file", "function", "language", "path", "bound", "properties", "why_not")
 PROPERTIES = Path(__file__).resolve().parents[1] / "properties"
 
@@ -102,16 +104,8 @@ def bound_rows() -> list[Row]:
     return list(merged.values())
 
 
-# the K3 path each subject or contract belongs to
-PATH_OF = {
-    "context_kv_fused": "1", "context_kv_unfused": "1", "weight_loading": "1", "block_fp8_loading": "1",
-    "nvfp4_loading": "1", "nvfp4_modelopt_loading": "1", "context_kv_ops": "1",
-    "attn_res": "2", "aux_capture": "2", "attn_res_mix": "2", "attn_res_mix_triton": "2", "attn_res_mix_eager": "2",
-    "attn_res_residual": "2", "tap_owner": "2", "pp_taps": "2",
-    "stage_partial": "3", "finalize_projection": "3", "project_unsharded": "3", "draft_context_kv": "3",
-    "transfer_pairs": "3", "kv_transfer": "3", "draft_kv_materialize": "3", "project_unsharded_fc_norm": "3",
-    "segmented_rmsnorm": "3",
-}
+# the K3 path each subject or contract belongs to (one record per name: engines/subjects.py)
+PATH_OF = subjects.PATH_OF
 
 
 def judged_by() -> dict[str, list[str]]:

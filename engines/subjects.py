@@ -1,0 +1,174 @@
+"""One record per subject and per capability: what the harness knows about each name an engine binds.
+
+A subject (engines/base.py `SUBJECTS`) is a callable every engine may bind under one signature; a
+capability is a name in `Engine.extras`: a contract under test that only some engines have (vLLM's weight
+loader, a PP forward loop, the KV transfer) or a fact an adapter declares about its subjects (the
+roundings it performs, a precondition it admits). Each record says:
+- `path`: the K3 path it belongs to ("1" the MLA context KV, "2" AttnRes and the aux tap, "3" the partial
+  projection and what follows it; "-" a fact that belongs to no path): the coverage table's column
+  (harness/coverage.py reads PATH_OF from here);
+- subjects: `signature`, the typed call (a Protocol; shapes in its docstring) and `oracle`, the entry point
+  of harness/oracle.py's `Oracle` the subject is judged against;
+- capabilities: `kind` ("contract": a callable the properties judge; "fact": data the judges read) and
+  `what` (its type and meaning).
+
+An Engine whose extras hold a name no record declares is refused when it is built (base.Engine), so the
+vocabulary is this table and nothing else. Tests: tests/test_subject_table.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from k3num.engines import base
+
+
+class ContextKVFused(Protocol):
+    def __call__(self, context_states: torch.Tensor, kv_a_weight: torch.Tensor, kv_norm_weight: torch.Tensor,
+                 positions: torch.Tensor, rope: Any, eps: float, caches: Any = None,
+                 slot_mapping: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """context_states [N,H], kv_a_weight [L,W,H], kv_norm_weight [L,kv_lora], positions [N] ->
+        (kv_c [L,N,kv_lora], k_pe [L,N,W-kv_lora]); caches [L,NB,BS,W] or a list of L [NB,BS,W] written at
+        slot_mapping [N] or [L,N] (None: compute only)."""
+        ...
+
+
+class ContextKVUnfused(Protocol):
+    def __call__(self, context_states: torch.Tensor, fused_qkv_a_weight: torch.Tensor,
+                 kv_norm_weight: torch.Tensor, positions: torch.Tensor, rope: Any,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """As ContextKVFused with fused_qkv_a_weight [L,Q+W,H] (the Q rows discarded) and no cache."""
+        ...
+
+
+class AttnRes(Protocol):
+    def __call__(self, prefix: torch.Tensor, delta: torch.Tensor | None, blocks: torch.Tensor,
+                 norm_weight: torch.Tensor, qk_weight: torch.Tensor, output_norm_weight: torch.Tensor | None,
+                 num_blocks: int, block_write_idx: int, eps: float, output_norm_eps: float) -> torch.Tensor:
+        """prefix [T,H], delta [T,H] | None, blocks [T,NB,H] -> output [T,H]; prefix and blocks updated in
+        place (BRIEF §2)."""
+        ...
+
+
+class AuxCapture(Protocol):
+    def __call__(self, layer_idx: int, prefix_sum: torch.Tensor, pending: torch.Tensor | None,
+                 bank: torch.Tensor, *, enabled: bool, weights: Any, block_size: int, end_layer: int,
+                 num_layers: int, is_last_rank: bool, eps: float, non_final_stage: str = ...) -> torch.Tensor:
+        """prefix_sum, pending [T,H], bank [T,NB,H] -> the tap [T,H]."""
+        ...
+
+
+class StagePartial(Protocol):
+    def __call__(self, taps: torch.Tensor, fc_weight: torch.Tensor, members: list[int]) -> torch.Tensor:
+        """taps [K,N,H], fc_weight [H_out,K*H] -> one PP stage's projection of its own taps [N,H_out] (no norm)."""
+        ...
+
+
+class FinalizeProjection(Protocol):
+    def __call__(self, partials: list[torch.Tensor], norm_weight: torch.Tensor, eps: float,
+                 transfer_dtype: torch.dtype, order: list[int]) -> torch.Tensor:
+        """partials: [N,H_out] each, summed in transfer_dtype in `order`, then the norm once -> ctx [N,H_out]."""
+        ...
+
+
+class ProjectUnsharded(Protocol):
+    def __call__(self, taps: torch.Tensor, fc_weight: torch.Tensor, norm_weight: torch.Tensor,
+                 eps: float) -> torch.Tensor:
+        """taps [K,N,H], fc_weight [H_out,K*H], norm_weight [H_out] -> ctx [N,H_out] (the one-stage baseline)."""
+        ...
+
+
+class DraftContextKV(Protocol):
+    def __call__(self, ctx: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor,
+                 k_norm_weight: torch.Tensor, positions: torch.Tensor, rope: Any,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """ctx [N,H], k_weight, v_weight [L,KVH*D,H], k_norm_weight [L,D], positions [N] -> (k, v)
+        [L,N,KVH,D]."""
+        ...
+
+
+class AttnResMix(Protocol):
+    def __call__(self, prefix: torch.Tensor, bank: torch.Tensor, nvb: int, norm_weight: torch.Tensor,
+                 proj_weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """prefix [T,H], bank [T,NB,H] (its first nvb rows read) -> the read-only pre-norm mixture [T,H]."""
+        ...
+
+
+class AttnResResidual(Protocol):
+    def __call__(self, prefix: torch.Tensor, bank: torch.Tensor, nvb: int, norm_weight: torch.Tensor,
+                 proj_weight: torch.Tensor, out_norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """As AttnResMix, then the output norm -> [T,H] (SGLang's AttnResidual.forward)."""
+        ...
+
+
+@dataclass(frozen=True)
+class SubjectRecord:
+    name: str
+    path: str
+    signature: type
+    oracle: str  # the harness/oracle.py Oracle entry point it is judged against
+
+
+SUBJECT_RECORDS: dict[str, SubjectRecord] = {r.name: r for r in (
+    SubjectRecord(base.CONTEXT_KV_FUSED, "1", ContextKVFused, "context_kv"),
+    SubjectRecord(base.CONTEXT_KV_UNFUSED, "1", ContextKVUnfused, "context_kv"),
+    SubjectRecord(base.ATTN_RES, "2", AttnRes, "attn_res_with_sources"),
+    SubjectRecord(base.AUX_CAPTURE, "2", AuxCapture, "capture_aux_stream"),
+    SubjectRecord(base.ATTN_RES_MIX, "2", AttnResMix, "attn_res_with_sources"),
+    SubjectRecord(base.ATTN_RES_MIX_TRITON, "2", AttnResMix, "attn_res_with_sources"),
+    SubjectRecord(base.ATTN_RES_MIX_EAGER, "2", AttnResMix, "attn_res_with_sources"),
+    SubjectRecord(base.ATTN_RES_RESIDUAL, "2", AttnResResidual, "attn_res_with_sources"),
+    SubjectRecord(base.STAGE_PARTIAL, "3", StagePartial, "project_context"),
+    SubjectRecord(base.FINALIZE_PROJECTION, "3", FinalizeProjection, "project_context"),
+    SubjectRecord(base.PROJECT_UNSHARDED, "3", ProjectUnsharded, "project_context"),
+    SubjectRecord(base.DRAFT_CONTEXT_KV, "3", DraftContextKV, "draft_context_kv"),
+)}
+
+
+@dataclass(frozen=True)
+class Capability:
+    name: str
+    kind: str  # "contract" | "fact"
+    path: str
+    what: str
+
+
+CAPABILITIES: dict[str, Capability] = {c.name: c for c in (
+    Capability("weight_loading", "contract", "1", "vLLM's merged context-KV weight loader (a namespace of callables)"),
+    Capability("block_fp8_loading", "contract", "1", "the FP8 block-scale loader of the merged projection"),
+    Capability("nvfp4_loading", "contract", "1", "the compressed-tensors NVFP4 loader"),
+    Capability("nvfp4_modelopt_loading", "contract", "1", "ModelOpt's NVFP4 loader"),
+    Capability("context_kv_ops", "contract", "1", "the context-KV ops one by one (engines.standins.ContextKVOps)"),
+    Capability("tap_owner", "contract", "2", "which PP stage captures each aux tap"),
+    Capability("pp_taps", "contract", "2", "the PP forward loop's taps (base.PPTapPlan)"),
+    Capability("transfer_pairs", "contract", "3", "the draft-KV transfer's (sender, receiver) pairs"),
+    Capability("kv_transfer", "contract", "3", "the released KV transfer on synthetic pointers"),
+    Capability("draft_kv_materialize", "contract", "3", "the draft KV written from the projected context"),
+    Capability("project_unsharded_fc_norm", "contract", "3", "the unsharded projection with its norm as one call"),
+    Capability("segmented_rmsnorm", "contract", "3", "the per-segment RMSNorm of the taps"),
+    Capability("fused_kv_norm_rope_write", "contract", "3", "SGLang's fused K norm, RoPE and cache write"),
+    Capability("pp_taps_hidden", "fact", "-", "bool: pp_taps also returns what the last stage hands on"),
+    Capability("pp_taps_standins", "fact", "-", "str: which compiled ops pp_taps runs as stand-ins"),
+    Capability("attn_res_admits", "fact", "-", "(num_blocks, block_write_idx, bank) -> bool: the engine's "
+               "precondition on an AttnRes call"),
+    Capability("attn_res_roundings", "fact", "-", "dict: the roundings the engine's AttnRes performs"),
+    Capability("projection_roundings", "fact", "-", "dict: the roundings of the stage partials it returns"),
+    Capability("aux_capture_owner_stage", "fact", "-", "bool: the aux tap is taken on its owner stage"),
+    Capability("logit_dtype", "fact", "-", "dict: subject -> the dtype (or a rule) of its mixture's logits"),
+    Capability("kv_transfer_missing", "fact", "-", "str: why kv_transfer is not bound"),
+)}
+
+# subject or capability -> its K3 path (the coverage table's column)
+PATH_OF: dict[str, str] = {**{n: r.path for n, r in SUBJECT_RECORDS.items()},
+                           **{n: c.path for n, c in CAPABILITIES.items() if c.path != "-"}}
+
+
+def check_extras(engine: str, extras: dict[str, Any]) -> None:
+    """ValueError naming any extras key that no capability record declares."""
+    unknown = sorted(set(extras) - set(CAPABILITIES))
+    if unknown:
+        raise ValueError(f"engine {engine}: extras {unknown} are not declared capabilities "
+                         f"(engines/subjects.py CAPABILITIES; known: {sorted(CAPABILITIES)})")

@@ -1,0 +1,84 @@
+"""The subject and capability records (engines/subjects.py): every subject has one, with a typed signature
+every engine's binding accepts and an oracle that harness/oracle.py has; every extras key any engine or
+mutant uses is a declared capability, and an undeclared one is refused when the engine is built."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from k3num.engines import base, registry, subjects
+from k3num.harness import coverage, oracle
+from tests import mutants
+
+
+def test_every_subject_has_one_record_and_every_record_names_a_subject() -> None:
+    assert set(subjects.SUBJECT_RECORDS) == set(base.SUBJECTS)
+    assert all(r.name == n for n, r in subjects.SUBJECT_RECORDS.items())
+
+
+def test_every_records_oracle_is_an_oracle_entry_point() -> None:
+    entries = set(oracle.Oracle.entry_points())
+    assert {r.oracle for r in subjects.SUBJECT_RECORDS.values()} <= entries
+
+
+def test_the_coverage_paths_are_the_records() -> None:
+    assert coverage.PATH_OF is subjects.PATH_OF
+    for name, r in subjects.SUBJECT_RECORDS.items():
+        assert subjects.PATH_OF[name] == r.path in ("1", "2", "3")
+    for name, c in subjects.CAPABILITIES.items():
+        assert c.kind in ("contract", "fact")
+        assert (c.path in ("1", "2", "3")) == (c.kind == "contract"), name
+        assert (name in subjects.PATH_OF) == (c.kind == "contract"), name
+
+
+def _required(signature: type) -> tuple[list[None], dict[str, None]]:
+    params = list(inspect.signature(signature.__call__).parameters.values())[1:]  # less self
+    return ([None for p in params if p.kind == p.POSITIONAL_OR_KEYWORD and p.default is p.empty],
+            {p.name: None for p in params if p.kind == p.KEYWORD_ONLY and p.default is p.empty})
+
+
+def _engines() -> list[base.Engine]:
+    out = []
+    for name in registry.known():
+        try:
+            out.append(registry.get(name))
+        except registry.EngineUnavailable:
+            continue
+    return out
+
+
+def test_every_bound_subject_accepts_its_records_signature() -> None:
+    checked = 0
+    for engine in _engines():
+        for name, fn in engine.subjects.items():
+            signature = subjects.SUBJECT_RECORDS[name].signature
+            args, kwargs = _required(signature)
+            try:
+                inspect.signature(fn).bind(*args, **kwargs)
+            except TypeError as e:
+                pytest.fail(f"{engine.name} {name}: does not take {signature.__name__}'s arguments ({e})")
+            checked += 1
+    assert checked >= len(base.SUBJECTS)  # the mirror binds them all
+
+
+def test_a_binding_with_another_signature_is_caught() -> None:
+    args, kwargs = _required(subjects.ProjectUnsharded)
+    with pytest.raises(TypeError):
+        inspect.signature(lambda taps, fc_weight, eps: None).bind(*args, **kwargs)  # no norm_weight
+
+
+def test_every_engine_and_mutant_uses_only_declared_capabilities() -> None:
+    used = set()
+    for engine in _engines():
+        used |= set(engine.extras)
+    for name in mutants.ALL:
+        used |= set(mutants.build(name).extras)
+    assert used <= set(subjects.CAPABILITIES)
+    assert used >= {"weight_loading", "pp_taps", "kv_transfer", "attn_res_admits"}  # the scan saw the engines
+
+
+def test_an_undeclared_extras_key_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match=r"engine x: extras \['weight_loader'\] are not declared capabilities"):
+        base.Engine(name="x", version="0", mode="reference", subjects={}, extras={"weight_loader": None})

@@ -342,18 +342,28 @@ def capture_aux_stream(
     prefix = prefix_sum if pending_mlp_out is None else prefix_sum + pending_mlp_out
     if not (enabled and weights is not None):
         return prefix.clone()
-    if layer_idx + 1 < end_layer:
-        consumer = LayerWiring(layer_idx + 1, block_size)
-        norm_w, proj_w = weights.attn_res_norm[layer_idx + 1], weights.attn_res_proj[layer_idx + 1]
-        nbl = consumer.prev_valid_blocks
-    elif is_last_rank:
-        norm_w, proj_w = weights.output_res_norm, weights.output_res_proj
-        nbl = _cdiv(num_layers, block_size)
-    elif non_final_stage == "prefix":
+    branch = aux_tap_branch(layer_idx, weights, block_size, end_layer, num_layers, is_last_rank)
+    if branch is None and non_final_stage == "prefix":
         return prefix.clone()
-    else:
+    if branch is None:
         raise NonFinalStageTapError(
             f"aux tap after layer {layer_idx}: last layer of a non-final PP stage"
         )
+    norm_w, proj_w, nbl = branch
     out, _, _ = attn_res(prefix, None, bank, norm_w, proj_w, None, nbl, -1, eps, 0.0)
     return out
+
+
+def aux_tap_branch(
+    layer_idx: int, weights: AttnResWeights, block_size: int, end_layer: int, num_layers: int, is_last_rank: bool
+) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+    """The branch of the aux tap after layer `layer_idx` (capture_aux_stream's docstring), as the weights it
+    mixes with: (norm [H], proj [H], the blocks it reads). Branch 1: layer i+1's attention-side pair and
+    prev_valid_blocks; branch 2: the output pair and cdiv(L, S); None for branch 3. Any dtype: it selects
+    rows, it computes nothing (the bf16 mirror takes its branch from here too)."""
+    if layer_idx + 1 < end_layer:
+        consumer = LayerWiring(layer_idx + 1, block_size)
+        return weights.attn_res_norm[layer_idx + 1], weights.attn_res_proj[layer_idx + 1], consumer.prev_valid_blocks
+    if is_last_rank:
+        return weights.output_res_norm, weights.output_res_proj, _cdiv(num_layers, block_size)
+    return None

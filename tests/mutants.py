@@ -22,6 +22,7 @@ from k3num.engines.mirror import attn_res as m_attn
 from k3num.engines.mirror import context_kv as m_ckv
 from k3num.engines.mirror import projection as m_proj
 from k3num.engines.mirror import transfer as m_transfer
+from k3num.refmodel import attn_res as ref_attn
 from k3num.refmodel.geometry import RopeSpec
 
 
@@ -173,7 +174,7 @@ def _capture_pending_as_delta(layer_idx, prefix_sum, pending, bank, *, enabled, 
                               num_layers, is_last_rank, eps, non_final_stage="raise"):
     if not (enabled and weights is not None):
         return prefix_sum if pending is None else prefix_sum + pending
-    branch = m_attn.branch_weights(layer_idx, weights, block_size, end_layer, num_layers, is_last_rank)
+    branch = ref_attn.aux_tap_branch(layer_idx, weights, block_size, end_layer, num_layers, is_last_rank)
     if branch is None:
         if non_final_stage == "prefix":
             return prefix_sum + pending if pending is not None else prefix_sum

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from k3num.engines.mirror.context_kv import acc_dtype
-from k3num.refmodel.attn_res import AttnResWeights, LayerWiring, NonFinalStageTapError
+from k3num.refmodel import attn_res as ref
+from k3num.refmodel.attn_res import AttnResWeights, NonFinalStageTapError
 
 
 def attn_res(
@@ -54,18 +55,6 @@ def attn_res(
     return mixed.to(prefix.dtype)
 
 
-def branch_weights(
-    layer_idx: int, weights: AttnResWeights, block_size: int, end_layer: int, num_layers: int, is_last_rank: bool
-) -> tuple[torch.Tensor, torch.Tensor, int] | None:
-    """(norm, proj, num_blocks) of the tap's branch; None for branch 3 (non-final stage end)."""
-    if layer_idx + 1 < end_layer:
-        consumer = LayerWiring(layer_idx + 1, block_size)
-        return weights.attn_res_norm[layer_idx + 1], weights.attn_res_proj[layer_idx + 1], consumer.prev_valid_blocks
-    if is_last_rank:
-        return weights.output_res_norm, weights.output_res_proj, -(-num_layers // block_size)
-    return None
-
-
 def capture_aux_stream(
     layer_idx: int,
     prefix_sum: torch.Tensor,
@@ -84,7 +73,7 @@ def capture_aux_stream(
     prefix = prefix_sum if pending_mlp_out is None else prefix_sum + pending_mlp_out
     if not (enabled and weights is not None):
         return prefix
-    branch = branch_weights(layer_idx, weights, block_size, end_layer, num_layers, is_last_rank)
+    branch = ref.aux_tap_branch(layer_idx, weights, block_size, end_layer, num_layers, is_last_rank)
     if branch is None:
         if non_final_stage == "prefix":
             return prefix

@@ -34,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def _case(kind: str, geometry: str, tokens: int, seed: int):  # noqa: ANN202 - a DraftStepCase
     from k3num.fixtures.strategies import DraftStepCase
-    from k3num.refmodel.draft_step import STEP_PRESETS
 
     if geometry == "tiny":
         return DraftStepCase(kind=kind, hidden=64, num_layers=2, num_heads=4, head_dim=16,
@@ -42,11 +41,9 @@ def _case(kind: str, geometry: str, tokens: int, seed: int):  # noqa: ANN202 - a
                              rotary_dim=8 if kind == "dspark" else 16, window=4 if kind == "dflash" else 0, vocab=256,
                              taps=3, tokens=min(tokens, 12), block=7 if kind == "dspark" else 8, seed=seed,
                              logit_scale=10.0)
-    g = STEP_PRESETS[f"k3-{kind}-step"]
-    return DraftStepCase(kind=kind, hidden=g.hidden, num_layers=g.num_layers, num_heads=g.num_heads,
-                         head_dim=g.head_dim, kv_heads=g.num_kv_heads, kv_lora=g.kv_lora_rank,
-                         rotary_dim=g.rope.rotary_dim, window=g.window, vocab=g.vocab, taps=g.num_layers,
-                         tokens=tokens, block=g.block, seed=seed, logit_scale=10.0, mlp_width=g.mlp_width)
+    from k3num.harness.impact import preset_case
+
+    return preset_case(kind, tokens, seed)
 
 
 def _sync(device: str) -> None:

@@ -4,6 +4,7 @@
     k3num impact --ledger [--engine-src E=PATH] [--device D] [--cases N] [--seed S] [--format md|csv]
     k3num impact --activations FILE [--engine E[,E...]] [--device D] [--cases N] ...
     k3num impact --checkpoint DIR [--lm-head DIR] [--activations FILE] [--engine E[,E...]] ...
+    k3num impact --geometry k3 [--engine E[,E...]] [--device cuda] [--cases N] ...
 
 For each engine and each drafter whose K3 paths it binds (harness/draft_step.py), N seeded cases of the
 tiny draft step (fixtures.strategies.DraftStepCase) run through the engine's paths and the one bf16
@@ -27,6 +28,11 @@ draft layers with the query's low-rank form, the LM head, path 3's projection an
 drawn ones at the checkpoint's geometry (the block is the preset's 7); the taps, positions and block states stay
 drawn (or captured, with --activations). DFlash is not run (a row says so): no DFlash checkpoint is read yet.
 
+`--geometry k3`: the cases at the drafters' K3 preset geometry (`preset_case`: hidden 7168, DSpark's block 7 and
+5 layers, DFlash's block 16, 6 layers and window 4096, the presets' assumed heads, MLP width and vocabulary), with
+256 context positions and drawn weights: the nightly runs it on the GPU (scripts/gpu_nightly.sh,
+K3NUM_IMPACT_K3_CASES).
+
 `--ledger`: each ledger entry's case class through the step on the entry's engine (`ledger_table`): the
 divergence made to reach the step's inputs the way it reaches a deployment (the tap of the wrong stream, taps
 whose projections cancel through the sharded sum, a draft checkpoint through vLLM's merged loader), one row per
@@ -48,6 +54,7 @@ from k3num.fixtures.strategies import DraftStepCase
 from k3num.oracles import tokens
 
 CHANGES, NEAR_TIES, NONE = "changes decided tokens", "near-ties only", "no token changes"
+K3_TOKENS = 256  # context positions of a K3-geometry case (--geometry k3): a prompt's worth, as the bench
 
 
 def sample_cases(kind: str, n: int, seed: int) -> list[DraftStepCase]:
@@ -65,6 +72,25 @@ def sample_cases(kind: str, n: int, seed: int) -> list[DraftStepCase]:
             taps=rng.randint(1, 3), tokens=rng.randint(1, 12), block=rng.choice([4, 7, 8]),
             seed=rng.randrange(2**31), logit_scale=rng.choice([6.0, 10.0, 16.0])))
     return out
+
+
+def preset_case(kind: str, tokens: int, seed: int) -> DraftStepCase:
+    """A case at the drafter's K3 preset geometry (refmodel/draft_step.py STEP_PRESETS: hidden 7168, the seeds'
+    blocks and layers, the assumed heads, MLP width and vocabulary), one target tap per draft layer, `tokens`
+    context positions; the weights are drawn from `seed`."""
+    from k3num.refmodel.draft_step import STEP_PRESETS
+
+    g = STEP_PRESETS[f"k3-{kind}-step"]
+    return DraftStepCase(kind=kind, hidden=g.hidden, num_layers=g.num_layers, num_heads=g.num_heads,
+                         head_dim=g.head_dim, kv_heads=g.num_kv_heads, kv_lora=g.kv_lora_rank,
+                         rotary_dim=g.rope.rotary_dim, window=g.window, vocab=g.vocab, taps=g.num_layers,
+                         tokens=tokens, block=g.block, seed=seed, logit_scale=10.0, mlp_width=g.mlp_width)
+
+
+def preset_cases(kind: str, n: int, seed: int, tokens: int = K3_TOKENS) -> list[DraftStepCase]:
+    """n K3-geometry cases of `kind` (preset_case), seeded from `seed`."""
+    rng = random.Random(f"{kind}:{seed}:k3")
+    return [preset_case(kind, tokens, rng.randrange(2**31)) for _ in range(n)]
 
 
 def severity(diverged: int, tie_break: int) -> str:
@@ -132,7 +158,7 @@ def with_checkpoint(inp: Any, step: Any) -> Any:
 
 
 def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device: str, n: int, seed: int,
-                 log=None, activations: Any = None, checkpoint: Any = None) -> pd.DataFrame:
+                 log=None, activations: Any = None, checkpoint: Any = None, geometry: str = "drawn") -> pd.DataFrame:
     """One row per (engine, drafter) that binds a path of the drafter's step (module docstring); with
     `activations` (fixtures.activations.Activations) the cases are the captured inputs under drawn weights; with
     `checkpoint` (fixtures/draft_checkpoint.DSparkCheckpointStep) the DSpark cases run the draft's own weights
@@ -163,7 +189,7 @@ def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device
                         results.append(draft_step.run(engine, mirror, kind, case, device, inputs=inp,
                                                       geometry=checkpoint.geometry))
                 elif activations is None:
-                    for case in sample_cases(kind, n, seed):
+                    for case in (sample_cases(kind, n, seed) if geometry == "drawn" else preset_cases(kind, n, seed)):
                         results.append(draft_step.run(engine, mirror, kind, case, device))
                 for case in (activation_cases(activations, kind, n, seed) if activations is not None
                              and checkpoint is None else ()):
@@ -464,6 +490,9 @@ def cmd_impact(args: argparse.Namespace) -> int:
             raise ValueError("--ledger runs each entry on its own engine: leave out --engine")
         if args.ledger and (args.activations or args.checkpoint):
             raise ValueError("--ledger runs each entry's own case class: leave out --activations and --checkpoint")
+        if args.geometry == "k3" and (args.ledger or args.activations or args.checkpoint):
+            raise ValueError("--geometry k3 draws its cases at the presets' geometry: leave out --ledger, "
+                             "--activations and --checkpoint (they bring their own)")
         if args.lm_head and not args.checkpoint:
             raise ValueError("--lm-head is read with a draft --checkpoint: give one")
         acts = None
@@ -483,7 +512,8 @@ def cmd_impact(args: argparse.Namespace) -> int:
         print(table.to_csv(index=False) if args.format == "csv" else _markdown(table, args, LEDGER_COLUMNS), end="")
         return 0
     table = engine_table(names, sources, "auto", device, args.cases, args.seed,
-                         log=lambda m: print(m, file=sys.stderr), activations=acts, checkpoint=ckpt)
+                         log=lambda m: print(m, file=sys.stderr), activations=acts, checkpoint=ckpt,
+                         geometry=args.geometry)
     judged = table[table.get("positions", pd.Series(dtype=float)).notna()] if "positions" in table else table.iloc[0:0]
     if judged.empty:
         print("[impact] ERROR: no engine binds a K3 path of either drafter's step: nothing was judged\n"
@@ -550,6 +580,9 @@ def add_parser(sub) -> None:
                    help="a serving run's captured taps and positions (safetensors: fixtures/activations.py; "
                         "docs/capturing-activations.md): the cases are these inputs under drawn draft weights at the "
                         "presets' geometry; a bad file exits 2 naming the tensor")
+    p.add_argument("--geometry", choices=("drawn", "k3"), default="drawn",
+                   help="drawn (default): the properties' tiny sizes, drawn per case; k3: the presets' K3 geometry "
+                        "(hidden 7168, the real blocks, vocabulary 163840; GBs of weights per case: a GPU's job)")
     p.add_argument("--checkpoint", default=None, metavar="DIR",
                    help="a DSpark draft checkpoint (HF layout; fixtures/draft_checkpoint.py lists the tensors): the "
                         "DSpark cases run the draft's own layers, LM head, projection and context-KV weights; a bad "

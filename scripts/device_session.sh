@@ -12,7 +12,8 @@
 #   checkops,ts,oracle,profile,derand,nightly,known,ranks,tokens
 #   `tokens` times the draft step at K3 geometry (bench/draft_step_speed.py: examples/s per engine and drafter,
 #   K3NUM_TOKENS_EXAMPLES, default 5; OUT/tokens-speed.csv), then runs the token properties on cuda under ci and
-#   `k3num impact` and `k3num impact --ledger` on cuda (OUT/tokens-*.log, OUT/impact*.md).
+#   `k3num impact`, `k3num impact --ledger` and `k3num impact --geometry k3` (the nightly's K3 step) on cuda
+#   (OUT/tokens-*.log, OUT/impact*.md).
 #   `ranks` runs each PP stage as its own rank on NCCL, one GPU per rank (properties/test_pp_ranks.py --device cuda:
 #   2 and 4 ranks where as many GPUs are visible; the world sizes beyond them skip saying so). OUT/ranks.log.
 #   `known` runs the in-place prefix rewrite property (K3N-007's race on vllm-rocm) under nightly-1k on vllm and
@@ -118,6 +119,11 @@ if want tokens; then
     echo "impact exit $?" | tee -a "$out/tokens-props.log"
     timeout -s INT 60 python -m k3num.harness.cli impact --ledger --device cuda --cases 10 > "$out/impact-ledger.md" 2>> "$out/impact.err"
     echo "impact --ledger exit $?" | tee -a "$out/tokens-props.log"
+    # the nightly's K3-geometry step (gpu_nightly.sh, K3NUM_IMPACT_K3_CASES): its wall time and exit here first
+    t0=$SECONDS
+    timeout -s INT 240 python -m k3num.harness.cli impact --geometry k3 --device cuda --cases 3 \
+        > "$out/impact-k3.md" 2>> "$out/impact.err"
+    echo "impact --geometry k3 exit $? in $((SECONDS - t0)) s" | tee -a "$out/tokens-props.log"
 fi
 if want ranks; then
     echo "== PP stages as ranks on NCCL (one GPU per rank)"

@@ -36,6 +36,9 @@
 #                  run before the report so that its ledger table gives each entry's token severity
 #                  (OUT_DIR/impact-ledger.csv); default 10 on cuda, 0 (not run: the report says "not measured")
 #                  on cpu, where Triton's interpreter makes it about 6 s a block
+#   K3NUM_IMPACT_K3_CASES  cases per engine and drafter of `k3num impact --geometry k3` (the draft step at the
+#                  presets' K3 geometry, OUT_DIR/impact-k3.csv; a decided token flipped outside the ledger fails the
+#                  job); default 3 on cuda, 0 (not run) on cpu
 #   K3NUM_REPRO_ALL  1: --repro-dir OUT_DIR/repro --repro-all (the report's worst cases then replay from
 #                  their bundles; each subject call's inputs are cloned for it)
 #   K3NUM_NIGHTLY_DEVICE  cuda (default) or cpu: the same loop on a machine without a GPU (the
@@ -123,6 +126,21 @@ print(t.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 if covers_vllm_attn_res(t):
     print(SM100_NOTE)
 PY
+# the draft step at K3 geometry (hidden 7168, the real blocks, vocabulary 163840): exit 1 when a decided token
+# flipped outside the ledger; by default on cuda only (each case draws GBs of weights)
+k3_cases=${K3NUM_IMPACT_K3_CASES:-$([ "$device" = cuda ] && echo 3 || echo 0)}
+if [ "$k3_cases" -gt 0 ]; then
+    set +e
+    python -m k3num.harness.cli impact --geometry k3 --format csv --device "$device" --cases "$k3_cases" \
+        --engine "${engines// /,}" > "$out/impact-k3.csv" 2> "$out/impact-k3.log"
+    krc=$?
+    set -e
+    case $krc in
+        0) echo "gpu_nightly: the draft step at K3 geometry ($k3_cases cases per engine and drafter): no decided token flipped outside the ledger ($out/impact-k3.csv)" ;;
+        1) echo "gpu_nightly: the draft step at K3 geometry: a decided token flipped outside the ledger ($out/impact-k3.csv)"; status=1 ;;
+        *) echo "gpu_nightly: k3num impact --geometry k3 could not run (exit $krc, see $out/impact-k3.log)"; status=1 ;;
+    esac
+fi
 if [ -n "$history" ]; then
     set +e
     impact=()

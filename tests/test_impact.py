@@ -90,3 +90,22 @@ def test_impact_ledger_refuses_an_engine_and_an_unknown_entry() -> None:
 
     with pytest.raises(ValueError, match="no ledger entry K3N-999"):
         impact.ledger_table(1, 0, "cpu", {}, "auto", entries=["K3N-999"])
+
+
+def test_the_k3_geometry_cases_are_the_presets_and_the_option_refuses_what_brings_its_own_cases() -> None:
+    from k3num.harness import impact
+    from k3num.refmodel.draft_step import STEP_PRESETS
+
+    for kind in ("dspark", "dflash"):
+        cases = impact.preset_cases(kind, 3, seed=0)
+        assert len({c.seed for c in cases}) == 3 and cases == impact.preset_cases(kind, 3, seed=0)
+        g, want = cases[0].geometry(), STEP_PRESETS[f"k3-{kind}-step"]
+        assert (g.hidden, g.num_layers, g.block, g.num_heads, g.head_dim, g.num_kv_heads, g.kv_lora_rank,
+                g.rope.rotary_dim, g.mlp_width, g.vocab, g.window) == (
+            want.hidden, want.num_layers, want.block, want.num_heads, want.head_dim, want.num_kv_heads,
+            want.kv_lora_rank, want.rope.rotary_dim, want.mlp_width, want.vocab, want.window)
+        assert cases[0].tokens == impact.K3_TOKENS and cases[0].taps == want.num_layers
+    r = _impact("--geometry", "k3", "--ledger")
+    assert r.returncode == 2 and "--geometry k3 draws its cases at the presets' geometry" in r.stderr
+    r = _impact("--geometry", "k4")
+    assert r.returncode == 2 and "invalid choice: 'k4'" in r.stderr

@@ -47,6 +47,7 @@ if _WORKER and env.get("K3NUM_GPUS"):
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis.errors import InvalidArgument
 
 from k3num.engines import registry
 from k3num.harness import accounting, isolation, run
@@ -221,8 +222,6 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     exit 4): an unknown hypothesis profile, a drift CSV or folder that cannot be written (an unknown
     engine: pytest_sessionstart). Runs before any plugin's pytest_configure (hypothesis' would raise an
     internal error)."""
-    from hypothesis.errors import InvalidArgument
-
     profile = config.getoption("hypothesis_profile", None)
     if profile:
         try:
@@ -393,13 +392,16 @@ def _split_budgets(config: pytest.Config, items: list[pytest.Item]) -> None:
         if item.get_closest_marker("shardable") is None or fn is None or id(fn) in done:
             continue
         done.add(id(fn))
-        current = getattr(fn, "_hypothesis_internal_use_settings", None) or settings.default
+        current = settings.default  # the run's profile: a shardable property carries no @settings of its own
         if current.derandomize:
             raise pytest.UsageError(
                 f"--shards {n}: the hypothesis profile is derandomized, so every shard of {item.originalname} "
                 "would draw the same examples; shard under a profile that draws at random (nightly, nightly-1k)")
-        fn._hypothesis_internal_use_settings = settings(  # read by hypothesis when the test runs
-            parent=current, max_examples=scaleout.Shard(0, n).examples(current.max_examples))
+        try:  # hypothesis's public decorator, applied after @given: the test then runs under these settings
+            settings(parent=current, max_examples=scaleout.Shard(0, n).examples(current.max_examples))(fn)
+        except InvalidArgument as e:
+            raise pytest.UsageError(f"--shards {n}: {item.originalname} is shardable but carries its own @settings, "
+                                    f"which the shards' budget would replace ({str(e).splitlines()[0]})") from None
 
 
 @pytest.fixture(scope="session")

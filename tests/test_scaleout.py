@@ -149,3 +149,46 @@ def test_nightly_rates_count_every_phases_cases_and_time_each_sharded_test(tmp_p
     assert _nightly_rates().junit_key("a/test_x.py::Cls::test_b[p::q]") == ("a.test_x.Cls", "test_b[p::q]")
     s = _nightly_rates().statistics(log)["t.py::test_a"]
     assert (s.examples, s.invalid, s.stopped) == (10, 3, "nothing left to do")
+
+
+def test_shards_split_through_hypothesiss_public_decorator_and_refuse_a_propertys_own_settings():
+    """Under --shards 2 a shardable property runs half its profile's examples, through hypothesis's public
+    settings decorator; one that carries its own @settings is a usage error naming it (its budget would
+    otherwise be replaced without a word)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from k3num.harness import plugin, run
+
+    class _Config:
+        stash = {plugin.RUN: run.RunContext(shards=2)}
+
+    class _Item:
+        def __init__(self, fn):
+            self.obj, self.originalname = fn, fn.__name__
+
+        def get_closest_marker(self, name):
+            return object() if name == "shardable" else None
+
+    calls = []
+
+    @given(st.integers())
+    def plain(x):
+        calls.append(x)
+
+    @settings(max_examples=5)
+    @given(st.integers())
+    def own(x):
+        pass
+
+    before = settings.get_current_profile_name()
+    settings.register_profile("k3num-test-shards", parent=settings.get_profile("dev"), database=None)
+    settings.load_profile("k3num-test-shards")
+    try:
+        plugin._split_budgets(_Config(), [_Item(plain)])
+        plain()
+        assert len(calls) == 25  # dev's 50 examples, halved
+        with pytest.raises(pytest.UsageError, match="own is shardable but carries its own @settings"):
+            plugin._split_budgets(_Config(), [_Item(own)])
+    finally:
+        settings.load_profile(before)

@@ -35,7 +35,7 @@ from k3num import refmodel  # noqa: F401  (the oracle's package, for api.refmode
 from k3num.fixtures import builders, strategies  # noqa: F401
 from k3num.harness import judges  # noqa: F401
 from k3num.oracles import budgets  # noqa: F401
-from k3num.oracles.records import FAIL, Record, failure_message, judge
+from k3num.oracles.records import Record, judge
 from k3num.refmodel import attn_res, geometry, mla, partial_projection, quant, rope, transfer_plan  # noqa: F401
 
 LOW = torch.bfloat16  # the storage dtype of every K3 path here
@@ -80,16 +80,9 @@ def assert_within_budget(actual: torch.Tensor, reference: torch.Tensor, budget: 
                          detail: str = "") -> Record:
     """Judge `actual` (your subject's output, any dtype) against the float64 `reference` under `budget`:
     the record when it holds, else AssertionError with the suite's small report. The record is collected
-    for the drift CSV (harness plugin) either way."""
-    from hypothesis import target
-    from hypothesis.control import currently_in_test_context
-
-    from k3num.oracles.drift import COLLECTOR
+    for the drift CSV (harness plugin) either way, as the suite's own records are (harness/recording.py)."""
+    from k3num.harness import recording
 
     record = judge(property=property, engine=engine, subject=subject or property, actual=actual,
                    reference=reference, budget=budget, seed=seed, reduction_len=reduction_len, detail=detail)
-    COLLECTOR.add(record)
-    if currently_in_test_context() and record.ratio == record.ratio and record.ratio != float("inf"):
-        target(record.ratio, label=f"{property}:{subject or property}")
-    assert record.verdict != FAIL, failure_message(record)
-    return record
+    return recording.collect(record)

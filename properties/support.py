@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
 import pytest
 import torch
-from hypothesis import target
-from hypothesis.control import currently_in_test_context
 
 from k3num.engines.base import Engine, Subject, SubjectMissing
 from k3num.fixtures import device
-from k3num.harness import isolation, pairing_run, run
+from k3num.harness import isolation, recording, run
 from k3num.harness.judges import LOW, round_storage, up  # noqa: F401  (the properties' names for them)
 from k3num.oracles.drift import COLLECTOR
 from k3num.oracles.metrics import describe_mismatch
-from k3num.oracles.records import FAIL, Record, failure_message
+from k3num.oracles.records import FAIL, Record
 
 _RUN = run.current()  # the run's context (harness/run.py), installed by the plugin before this is imported
 DEVICE = device.resolve(_RUN.device)  # checked by the plugin before collection (--device)
@@ -86,22 +83,14 @@ def _bundle(record: Record, tag: str) -> None:
 
 def report(record: Record, *, climb: bool = True) -> Record:
     """Collect the record for the drift CSV, steer hypothesis toward the worst ratio, assert the verdict."""
-    head = pairing_run.SIDE["side"] == "head"  # k3num check: the base's pass and reruns neither bundle nor steer
-    if REPRO_DIR and "actual" in record.extra and head:
+    if REPRO_DIR and "actual" in record.extra and recording.on_head():  # k3num check: the base's pass bundles nothing
         if record.verdict == FAIL:
             _bundle(record, str(record.seed))
         key = (record.property, record.engine)
         if REPRO_ALL and math.isfinite(record.ratio) and record.ratio > _WORST.get(key, -1.0):
             _WORST[key] = record.ratio
             _bundle(record, "worst")
-    if "actual" in record.extra:
-        record = dataclasses.replace(record, extra={})
-    COLLECTOR.add(record)
-    if climb and head and pairing_run.SIDE["steer"] and math.isfinite(record.ratio) and currently_in_test_context():
-        part = record.detail.split(";")[0]
-        target(record.ratio, label=f"{record.property}:{record.subject}:{part}")
-    assert record.verdict != FAIL, failure_message(record)
-    return record
+    return recording.collect(record, climb=climb)
 
 
 def assert_bitwise(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:

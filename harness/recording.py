@@ -1,0 +1,39 @@
+"""The one way a judged record ends: collected for the drift CSV, hypothesis steered toward the worst ratio,
+the verdict asserted. The property suite (properties/support.report, which first writes repro bundles) and
+the API (k3num.api.assert_within_budget, for people's own tests) both end here.
+
+Steering (`hypothesis.target`) happens inside a hypothesis test only, and under `k3num check` only on the
+head's pass (harness/pairing_run.py `SIDE`): the base's pass and the confirming reruns replay the head's
+draws and must not move the search.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from hypothesis import target
+from hypothesis.control import currently_in_test_context
+
+from k3num.harness import pairing_run
+from k3num.oracles.drift import COLLECTOR
+from k3num.oracles.records import FAIL, Record, failure_message
+
+
+def on_head() -> bool:
+    """Whether this pass is the one that draws: always outside a check, the head's pass inside one."""
+    return pairing_run.SIDE["side"] == "head"
+
+
+def collect(record: Record, *, climb: bool = True) -> Record:
+    """Collect the record (its kept tensors dropped), steer toward the worst ratio when `climb`, assert the
+    verdict (AssertionError with the suite's small report). Returns the collected record."""
+    if "actual" in record.extra:
+        record = dataclasses.replace(record, extra={})
+    COLLECTOR.add(record)
+    if climb and on_head() and pairing_run.SIDE["steer"] and math.isfinite(record.ratio) and (
+            currently_in_test_context()):
+        part = record.detail.split(";")[0]
+        target(record.ratio, label=f"{record.property}:{record.subject}:{part}")
+    assert record.verdict != FAIL, failure_message(record)
+    return record

@@ -46,6 +46,17 @@ def known() -> list[str]:
     return sorted(_FACTORIES)
 
 
+def pinned() -> list[str]:
+    """The real engines (those whose files come from a pin), in the order they were registered."""
+    _load_builtin()
+    return [n for n in _FACTORIES if n in _PINS]
+
+
+def adapters() -> list[str]:
+    """The real engines' adapter packages (each has `coverage_rows()`), one per package."""
+    return list(dict.fromkeys(module for module, _ in _REAL.values()))
+
+
 def pin_of(name: str) -> str | None:
     """The pin whose files the engine reads (None: it reads none)."""
     _load_builtin()

@@ -23,11 +23,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from k3num.engines import registry
 from k3num.harness import impact
 from k3num.oracles import ledger, pairing
 from k3num.supply import env, fetch
-
-ENGINES = ("vllm", "vllm-rocm", "sglang", "tokenspeed")  # the registry names with a pinned source
 
 
 class CheckError(ValueError):
@@ -47,8 +46,9 @@ def _tree(flag: str, path: str, pin: str) -> Path:
 
 def validate(args: argparse.Namespace) -> tuple[str, Path, str]:
     """(pin, head tree, base spec for --check-base); CheckError says what is wrong."""
-    if args.engine not in ENGINES:
-        raise CheckError(f"--engine {args.engine}: not an engine with a pinned source; valid: {', '.join(ENGINES)}")
+    if args.engine not in registry.pinned():
+        raise CheckError(f"--engine {args.engine}: not an engine with a pinned source; valid: "
+                         f"{', '.join(registry.pinned())}")
     pin = args.engine.split("-")[0]
     head = _tree("--head", args.head, pin)
     if args.base == "pinned":
@@ -351,7 +351,7 @@ def add_parser(sub) -> None:
     c = sub.add_parser("check", help="the pre-merge check: a head tree against the pinned release (or a base tree) "
                                      "on the same drawn cases: new / fixed / known failures and paired drift; exit 0 "
                                      "nothing new, 1 new or drift, 2 could not run")
-    c.add_argument("--engine", required=True, help=f"one of {', '.join(ENGINES)}")
+    c.add_argument("--engine", required=True, help=f"one of {', '.join(registry.pinned())}")
     c.add_argument("--head", required=True, metavar="PATH",
                    help="the change: a tree laid out like the installed package (a checkout's root)")
     c.add_argument("--base", default="pinned", metavar="pinned|PATH",

@@ -71,31 +71,13 @@ UNBOUND: tuple[Row, ...] = (
 )
 
 
-def _language(file: str, function: str) -> str:
-    return "triton" if "kernel" in function.lower() or "_mix_fused" in function else "python"
-
-
 def bound_rows() -> list[Row]:
-    """The rows the adapters declare they bind."""
-    from k3num.engines import sglang_adapter as sglang_engine
-    from k3num.engines import tokenspeed_adapter as tokenspeed_engine
-    from k3num.engines.sglang_adapter import transfer as sglang_transfer
-    from k3num.engines.vllm_adapter import BOUND_BESIDES_CONTRACT, CONTRACT
+    """The rows the adapters declare they bind (each adapter package's `coverage_rows()`, one format)."""
+    import importlib
 
-    rows: list[Row] = []
-    for subject, files in CONTRACT.items():
-        engine = "vllm-rocm" if subject.startswith("rocm:") else "vllm"
-        for file, names in files.items():
-            for name in names or {}:
-                rows.append(Row(engine, file, name, _language(file, name), PATH_OF.get(subject.split(":")[-1], "?"),
-                                subject.split(":")[-1]))
-    for engine, bound in (("vllm", BOUND_BESIDES_CONTRACT), ("sglang", sglang_engine.BOUND),
-                          ("tokenspeed", tokenspeed_engine.BOUND)):
-        for (file, name), (language, path, subject) in bound.items():
-            rows.append(Row(engine, file, name, language, path, subject))
-    for file, names in sglang_transfer.BOUND.items():
-        for name in names:
-            rows.append(Row("sglang", file, name, "python", "3", "kv_transfer"))
+    from k3num.engines import registry
+
+    rows = [Row(*row) for module in registry.adapters() for row in importlib.import_module(module).coverage_rows()]
     merged: dict[tuple[str, str, str], Row] = {}  # one row per function: a function bound for two subjects
     for r in rows:
         key = (r.engine, r.file, r.function)

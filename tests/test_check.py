@@ -238,7 +238,7 @@ def test_check_shows_a_changed_contract_as_what_the_head_cannot_run(tmp_path):
 
 def test_check_refuses_bad_input_before_running(tmp_path, capsys):
     assert cli.main(["check", "--engine", "nope", "--head", str(tmp_path)]) == 2
-    assert "valid: vllm, vllm-rocm, sglang, tokenspeed" in capsys.readouterr().err
+    assert "valid: vllm, vllm-rocm, tokenspeed, sglang" in capsys.readouterr().err
     assert cli.main(["check", "--engine", "vllm", "--head", str(tmp_path / "missing")]) == 2
     assert "not a directory" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()

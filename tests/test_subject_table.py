@@ -82,3 +82,20 @@ def test_every_engine_and_mutant_uses_only_declared_capabilities() -> None:
 def test_an_undeclared_extras_key_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match=r"engine x: extras \['weight_loader'\] are not declared capabilities"):
         base.Engine(name="x", version="0", mode="reference", subjects={}, extras={"weight_loader": None})
+
+
+def test_every_adapter_declares_what_it_binds_in_the_one_format() -> None:
+    """(engine, file, function, language, K3 path, subjects) rows from each adapter package; the engine is one the
+    registry pins, each subject or capability named is a record, and the path is one of theirs."""
+    import importlib
+
+    pinned, rows = set(registry.pinned()), []
+    for module in registry.adapters():
+        mine = importlib.import_module(module).coverage_rows()
+        assert mine, f"{module}: declares no row"
+        rows += mine
+    for engine, file, function, language, path, subject in rows:
+        assert engine in pinned and file and function and language in ("python", "triton", "cuda"), (engine, file)
+        paths = {subjects.PATH_OF[name] for name in subject.split(",")}  # every name a declared one
+        assert path in paths, (engine, function, subject, path)  # a function serving two paths names one
+    assert {r[0] for r in rows} == pinned  # every real engine declares its rows

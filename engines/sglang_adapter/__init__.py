@@ -178,6 +178,17 @@ BOUND = {
 }
 
 
+def coverage_rows() -> list[tuple[str, str, str, str, str, str]]:
+    """What this adapter binds, in the one format every adapter declares for `k3num coverage` (engine, file,
+    function, language, K3 path, subject or contract): BOUND, then the lifted KV transfer's functions."""
+    from k3num.engines.sglang_adapter import transfer
+
+    rows = [("sglang", file, function, *row) for (file, function), row in BOUND.items()]
+    rows += [("sglang", file, function, "python", "3", "kv_transfer") for file, functions in transfer.BOUND.items()
+             for function in functions]
+    return rows
+
+
 def _load_plain_triton(path: Path, interpret: bool, name: str) -> types.ModuleType:
     """A kernel file whose only imports are torch and triton."""
     return source.load_kernel_module(path, f"k3num_engine.sglang.{name}", {}, interpret=interpret)

@@ -73,6 +73,12 @@ BOUND = {
     (tokenspeed_attn_res.MODEL_PY, "KimiLinearForCausalLM.set_dflash_aux_hidden_stream"): ("python", "2", "pp_taps"),
     (CONTEXT_PY, "DSparkContextProducer.begin_stage"): ("python", "2", "pp_taps"),
 }
+
+
+def coverage_rows() -> list[tuple[str, str, str, str, str, str]]:
+    """What this adapter binds, in the one format every adapter declares for `k3num coverage` (engine, file,
+    function, language, K3 path, subject or contract)."""
+    return [("tokenspeed", file, function, *row) for (file, function), row in BOUND.items()]
 STANDIN_OPS = ("stand-in: ReplicatedLinear (torch linear), RMSNorm layer (fp32 math, one rounding), "
                "tokenspeed_kernel apply_k_rope (fp32 math, one rounding; fp32 cos/sin cache)")
 

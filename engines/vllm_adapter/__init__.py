@@ -75,8 +75,9 @@ from k3num.engines.vllm_adapter.context_kv import BUILT_OPS, _bind_precompute, _
 from k3num.engines.vllm_adapter.weight_loading import _bind_weight_loading
 from k3num.supply import cuda_ops, fetch, installed
 
-__all__ = ["build", "build_rocm", "CONTRACT", "BOUND_BESIDES_CONTRACT", "contract_problems", "require_interpreter",
-           "ATTN_RES_PY", "AMD_ATTN_RES_PY", "MODEL_PY", "DSPARK_PY", "IMPORT_OPS", "BUILT_OPS", "OPS_SUFFIX"]
+__all__ = ["build", "build_rocm", "CONTRACT", "BOUND_BESIDES_CONTRACT", "coverage_rows", "contract_problems",
+           "require_interpreter", "ATTN_RES_PY", "AMD_ATTN_RES_PY", "MODEL_PY", "DSPARK_PY", "IMPORT_OPS", "BUILT_OPS",
+           "OPS_SUFFIX"]
 
 ATTN_RES_SIGNATURE = ["prefix", "delta", "blocks", "norm_weight", "qk_weight", "output_norm_weight", "num_blocks",
                       "block_write_idx", "eps", "output_norm_eps"]
@@ -133,6 +134,23 @@ BOUND_BESIDES_CONTRACT = {
     ("csrc/cache_kernels.cu", "concat_and_cache_mla (the per-layer insert do_kv_cache_update calls; built by k3num "
                               "build-ops; a stand-in without CUDA)"): ("cuda", "1", "context_kv_ops"),
 }
+
+
+def coverage_rows() -> list[tuple[str, str, str, str, str, str]]:
+    """What this adapter binds, in the one format every adapter declares for `k3num coverage`: (engine, file,
+    function, language, K3 path, subject or contract) per bound function (CONTRACT's names, by language: a
+    Triton kernel's name says so, then BOUND_BESIDES_CONTRACT)."""
+    from k3num.engines.subjects import PATH_OF
+
+    rows = []
+    for subject, files in CONTRACT.items():
+        engine, name = ("vllm-rocm", subject[len("rocm:"):]) if subject.startswith("rocm:") else ("vllm", subject)
+        for file, functions in files.items():
+            for function in functions or {}:
+                language = "triton" if "kernel" in function.lower() or "_mix_fused" in function else "python"
+                rows.append((engine, file, function, language, PATH_OF.get(name, "?"), name))
+    rows += [("vllm", file, function, *row) for (file, function), row in BOUND_BESIDES_CONTRACT.items()]
+    return rows
 
 
 def contract_problems(root: Path, subject: str) -> list[str]:

@@ -504,6 +504,8 @@ def cmd_impact(args: argparse.Namespace) -> int:
 
         device = dev.resolve(args.device or "")
         ckpt = _checkpoint_step(args.checkpoint, args.lm_head, device) if args.checkpoint else None
+        if ckpt is not None and acts is not None:
+            checkpoint_cases(ckpt, 1, args.seed, acts)  # the file's taps against the draft's, before any run
     except ValueError as e:
         print(f"[impact] ERROR: {e}", file=sys.stderr)
         return 2

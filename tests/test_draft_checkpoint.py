@@ -204,8 +204,8 @@ def _impact(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_impact_runs_a_draft_checkpoint_through_the_step_and_exits_2_on_a_bad_one(tmp_path: Path) -> None:
-    if fetch.missing_files("vllm"):
-        pytest.skip("vllm is not fetched (k3num fetch vllm)")
+    if fetch.missing_files("vllm") or fetch.missing_files("tokenspeed"):
+        pytest.skip("vllm and tokenspeed are not fetched (k3num fetch vllm tokenspeed)")
     draft, target = _write(tmp_path / "d", "fp8", lm_head=False), _write(tmp_path / "t")
     r = _impact("--checkpoint", str(draft), "--lm-head", str(target), "--engine", "vllm", "--cases", "2",
                 "--format", "csv")
@@ -216,6 +216,17 @@ def test_impact_runs_a_draft_checkpoint_through_the_step_and_exits_2_on_a_bad_on
     assert rows.loc["dflash", "paths"] == "not run: the checkpoint is a DSpark draft"
     r = _impact("--checkpoint", str(draft), "--engine", "vllm", "--cases", "1")
     assert r.returncode == 2 and "no lm_head.weight" in r.stderr, r.stderr
+    from k3num.fixtures import activations
+
+    three = activations.save(tmp_path / "a.safetensors", torch.zeros(3, 4, 128, dtype=torch.bfloat16), torch.arange(4))
+    r = _impact("--checkpoint", str(draft), "--lm-head", str(target), "--activations", str(three), "--engine", "vllm")
+    assert r.returncode == 2 and "3 taps of width 128, but the checkpoint's draft reads 2 taps" in r.stderr, r.stderr
+    two = activations.save(tmp_path / "b.safetensors", torch.ones(2, 4, 128, dtype=torch.bfloat16), torch.arange(4))
+    r = _impact("--checkpoint", str(draft), "--lm-head", str(target), "--activations", str(two), "--engine",
+                "tokenspeed", "--cases", "1", "--format", "csv")
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    rows = pd.read_csv(io.StringIO(r.stdout)).set_index("drafter")
+    assert rows.loc["dspark", "paths"].startswith("aux_capture=given taps;project_unsharded=engine")
     r = _impact("--lm-head", str(target), "--engine", "vllm")
     assert r.returncode == 2 and "--lm-head is read with a draft --checkpoint" in r.stderr
     r = _impact("--checkpoint", str(draft), "--ledger")

@@ -513,6 +513,9 @@ def cmd_impact(args: argparse.Namespace) -> int:
         table = ledger_table(args.cases, args.seed, device, sources, "auto", log=lambda m: print(m, file=sys.stderr))
         print(table.to_csv(index=False) if args.format == "csv" else _markdown(table, args, LEDGER_COLUMNS), end="")
         return 0
+    if args.geometry == "k3" and device == "cpu":
+        print("[impact] WARNING: --geometry k3 on the CPU: each case draws the presets' weights (the LM head alone is "
+              "163840 x 7168, about 12 GB with its float64 copy) and runs for minutes", file=sys.stderr)
     table = engine_table(names, sources, "auto", device, args.cases, args.seed,
                          log=lambda m: print(m, file=sys.stderr), activations=acts, checkpoint=ckpt,
                          geometry=args.geometry)

@@ -74,6 +74,15 @@ def sample_cases(kind: str, n: int, seed: int) -> list[DraftStepCase]:
     return out
 
 
+def case_at(g: Any, taps: int, tokens: int, seed: int, **more: Any) -> DraftStepCase:
+    """A case at geometry `g` (refmodel/draft_step.DraftStepGeometry) with `taps` target taps and `tokens`
+    context positions; its weights and inputs drawn from `seed` (the LM head at logit scale 10)."""
+    return DraftStepCase(kind=g.kind, hidden=g.hidden, num_layers=g.num_layers, num_heads=g.num_heads,
+                         head_dim=g.head_dim, kv_heads=g.num_kv_heads, kv_lora=g.kv_lora_rank,
+                         rotary_dim=g.rope.rotary_dim, window=g.window, vocab=g.vocab, taps=taps, tokens=tokens,
+                         block=g.block, seed=seed, logit_scale=10.0, mlp_width=g.mlp_width, **more)
+
+
 def preset_case(kind: str, tokens: int, seed: int) -> DraftStepCase:
     """A case at the drafter's K3 preset geometry (refmodel/draft_step.py STEP_PRESETS: hidden 7168, the seeds'
     blocks and layers, the assumed heads, MLP width and vocabulary), one target tap per draft layer, `tokens`
@@ -81,10 +90,7 @@ def preset_case(kind: str, tokens: int, seed: int) -> DraftStepCase:
     from k3num.refmodel.draft_step import STEP_PRESETS
 
     g = STEP_PRESETS[f"k3-{kind}-step"]
-    return DraftStepCase(kind=kind, hidden=g.hidden, num_layers=g.num_layers, num_heads=g.num_heads,
-                         head_dim=g.head_dim, kv_heads=g.num_kv_heads, kv_lora=g.kv_lora_rank,
-                         rotary_dim=g.rope.rotary_dim, window=g.window, vocab=g.vocab, taps=g.num_layers,
-                         tokens=tokens, block=g.block, seed=seed, logit_scale=10.0, mlp_width=g.mlp_width)
+    return case_at(g, g.num_layers, tokens, seed)
 
 
 def preset_cases(kind: str, n: int, seed: int, tokens: int = K3_TOKENS) -> list[DraftStepCase]:
@@ -101,17 +107,15 @@ def activation_cases(acts: Any, kind: str, n: int, seed: int) -> list[DraftStepC
     """n cases of `kind` over captured activations: the drafter's preset geometry (refmodel/draft_step.py
     STEP_PRESETS: layers, heads, MLP width, vocabulary) at the file's hidden size, its K taps and N tokens, its
     block (block_hidden's B, else the preset's); a seed per case for the draft weights, which are drawn."""
+    import dataclasses as dc
+
     from k3num.refmodel.draft_step import STEP_PRESETS
 
     g = STEP_PRESETS[f"k3-{kind}-step"]
     k, tokens, hidden = acts.shape
     block = acts.block_hidden.shape[0] if acts.block_hidden is not None else g.block
     rng = random.Random(f"{kind}:{seed}:activations")
-    return [DraftStepCase(kind=kind, hidden=hidden, num_layers=g.num_layers, num_heads=g.num_heads,
-                          head_dim=g.head_dim, kv_heads=g.num_kv_heads, kv_lora=g.kv_lora_rank,
-                          rotary_dim=g.rope.rotary_dim, window=g.window, vocab=g.vocab, taps=k, tokens=tokens,
-                          block=block, seed=rng.randrange(2**31), logit_scale=10.0, mlp_width=g.mlp_width)
-            for _ in range(n)]
+    return [case_at(dc.replace(g, hidden=hidden, block=block), k, tokens, rng.randrange(2**31)) for _ in range(n)]
 
 
 def with_activations(inp: Any, acts: Any, device: str) -> Any:
@@ -139,22 +143,9 @@ def checkpoint_cases(step: Any, n: int, seed: int, acts: Any = None) -> list[Dra
         raise ValueError(f"--activations: {acts.shape[0]} taps of width {acts.shape[2]}, but the checkpoint's draft "
                          f"reads {step.taps} taps of width {g.hidden}")
     rng = random.Random(f"dspark:{seed}:checkpoint")
-    return [DraftStepCase(kind="dspark", hidden=g.hidden, num_layers=g.num_layers, num_heads=g.num_heads,
-                          head_dim=g.head_dim, kv_heads=1, kv_lora=g.kv_lora_rank, rotary_dim=g.rope.rotary_dim,
-                          window=0, vocab=g.vocab, taps=step.taps,
-                          tokens=acts.shape[1] if acts is not None else rng.randint(1, 12), block=g.block,
-                          seed=rng.randrange(2**31), logit_scale=10.0, target_layers=max(8, 2 * step.taps + 1),
-                          mlp_width=g.mlp_width)
+    return [case_at(g, step.taps, acts.shape[1] if acts is not None else rng.randint(1, 12), rng.randrange(2**31),
+                    target_layers=max(8, 2 * step.taps + 1))
             for _ in range(n)]
-
-
-def with_checkpoint(inp: Any, step: Any) -> Any:
-    """The drawn inputs with the checkpoint's weights in place: the draft's layers and LM head, path 3's
-    projection and norm, path 1's weight and norm (the taps, positions and block states stay drawn)."""
-    import dataclasses as dc
-
-    return dc.replace(inp, weights=step.weights, fc=step.fc, fc_norm=step.fc_norm, kv_a=step.kv_a,
-                      kv_norm=step.kv_norm)
 
 
 def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device: str, n: int, seed: int,
@@ -184,7 +175,7 @@ def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device
             try:
                 if checkpoint is not None:
                     for case in checkpoint_cases(checkpoint, n, seed, activations):
-                        inp = with_checkpoint(draft_step_inputs(case, LOW, device), checkpoint)
+                        inp = draft_step_inputs(case, LOW, device, given=checkpoint)
                         inp = with_activations(inp, activations, device) if activations is not None else inp
                         results.append(draft_step.run(engine, mirror, kind, case, device, inputs=inp,
                                                       geometry=checkpoint.geometry))

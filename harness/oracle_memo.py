@@ -34,7 +34,7 @@ from k3num.harness import oracle
 STATS = {"computed": 0, "reused": 0, "missed": 0}  # over the session; `missed` computed on a replaying pass
 _KEPT: dict[str, list[tuple[Any, Any, Any]]] = {}  # entry point -> the head's calls: (args, kwargs, result)
 _SEEN: dict[str, int] = {}  # entry point -> calls made on the current pass
-_STATE = {"recording": False, "pass": False}
+_STATE = {"recording": False}
 
 
 _INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -70,8 +70,6 @@ def same(a: Any, b: Any) -> bool:
 def _memo(key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def memo(*args: Any, **kwargs: Any) -> Any:
-        if not _STATE["pass"]:  # outside a paired example's body (a fixture, a plain test): plainly
-            return fn(*args, **kwargs)
         k = _SEEN[key] = _SEEN.get(key, 0) + 1
         if _STATE["recording"]:
             kept_args = copy.deepcopy((args, kwargs))  # before the call: the oracle may not, but a caller may, mutate
@@ -102,10 +100,10 @@ def new_example() -> None:
 def passing(recording: bool) -> Iterator[None]:
     """One pass of an example's body: the head's (recording) or a later one (replaying)."""
     _SEEN.clear()
-    _STATE.update(recording=recording, **{"pass": True})
+    _STATE.update(recording=recording)
     try:
         with oracle.using(MEMO):
             yield
     finally:
-        _STATE.update(recording=False, **{"pass": False})
+        _STATE.update(recording=False)
         _SEEN.clear()

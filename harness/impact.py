@@ -247,8 +247,6 @@ _REASONS = {
     "K3N-009": NOT_THE_STEP + "the model's calls stay inside the bank; the finding needs a caller that sizes the bank "
                               "wrong",
     "K3N-010": NOT_THE_STEP + "as K3N-009 (the ROCm kernel)",
-    "K3N-013": NOT_THE_STEP + "the decode side's draft KV as a heterogeneous-TP transfer leaves it is not built yet "
-                              "(the transfer's addresses are judged by test_kv_transfer)",
     "K3N-014": NOT_THE_STEP + "the step reads the context entries, not the FP8 cache the insert writes (vLLM's "
                               "compiled insert, a GPU with `k3num build-ops`)",
 }
@@ -360,6 +358,21 @@ def _merged_loader_nvfp4(engine: Any, who: str) -> tuple[Any, Any]:
     return inputs, subjects
 
 
+def _transferred(engine: Any, t: Any) -> Any:
+    """K3N-013's case class: the DFlash draft's context K/V (the engine's path 3) written to a prefill's paged
+    caches, carried to the decode by the engine's released sender plan, and read back there
+    (harness/transfer_memory.py); the decode's draft attends over what it reads."""
+    from k3num.engines import base
+    from k3num.harness import transfer_memory
+
+    draft_kv = engine.subject(base.DRAFT_CONTEXT_KV)
+
+    def subject(*args: Any) -> Any:
+        return transfer_memory.transferred(t, engine.extras["kv_transfer"], *draft_kv(*args))
+
+    return subject
+
+
 def ledger_table(n: int, seed: int, device: str, sources: dict[str, Path], mode: str, entries: list[str] | None = None,
                  log=None) -> pd.DataFrame:
     """One row per ledger entry and drafter it reaches: the entry's case class through the step on its engine,
@@ -417,6 +430,15 @@ def ledger_table(n: int, seed: int, device: str, sources: dict[str, Path], mode:
                 shapes = [("case", {"num_layers": 2})]
             plan = [(role, "dspark", lambda c, _s=shape: dc.replace(c, **_s),
                      (hooks[0], lambda _f=fused, _h=hooks: _h[1](_f))) for role, shape in shapes]
+        elif d.id == "K3N-013":
+            from k3num.harness.transfer_memory import Transfer
+
+            # K3's DFlash draft: 8 KV heads; a prefill at attention TP 4 (2 heads a rank) and a decode at TP 8
+            # (1 a rank), pages 4 tokens, prefill page p to decode page p + 2 (seed 003); the control: both TP 8
+            for role, t in (("case", Transfer(4, 8, 4)), ("control", Transfer(8, 8, 4))):
+                subject = (_transferred(engine, t), f"engine(+ its transfer {t.label()})")
+                plan.append((role, "dflash", lambda c: dc.replace(c, kv_heads=8, num_heads=8),
+                             (lambda inp, case: inp, lambda _s={base.DRAFT_CONTEXT_KV: subject}: _s)))
         else:
             rows.append({"entry": d.id, "role": "case", "engine": d.engine,
                          "severity": NOT_THE_STEP + "no case class for it yet"})

@@ -243,7 +243,8 @@ _REASONS = {
     "K3N-007": NOT_THE_STEP + "a race in attn_res calls with a delta; the step's taps are read-only mixtures of a "
                               "target stream given as input; a GPU race besides",
     "K3N-008": NOT_THE_STEP + "SGLang's model aggregation is the target's AttnRes forward, given to the step as its "
-                              "stream state (SGLang binds no aux tap)",
+                              "stream state (SGLang binds no aux tap); and at K3's hidden 7168 (7 x 1024) the "
+                              "unguarded path the entry needs (hidden % 1024 != 0) is not taken",
     "K3N-009": NOT_THE_STEP + "the model's calls stay inside the bank; the finding needs a caller that sizes the bank "
                               "wrong",
     "K3N-010": NOT_THE_STEP + "as K3N-009 (the ROCm kernel)",

@@ -23,10 +23,13 @@ the drafter's preset at the file's hidden size, and the draft weights are drawn 
 assumed sizes; with --checkpoint, the checkpoint's). Path 2 then is not run: the rows say
 `aux_capture=given taps`, and an engine that binds only path 2 gets "none bound".
 
-`--checkpoint DIR [--lm-head DIR]`: a DSpark draft checkpoint's own weights (fixtures/draft_checkpoint.py: the
+`--checkpoint DIR [--lm-head DIR]`: a draft checkpoint's own weights (fixtures/draft_checkpoint.py: the
 draft layers with the query's low-rank form, the LM head, path 3's projection and path 1's weight) replace the
 drawn ones at the checkpoint's geometry (the block is the preset's 7); the taps, positions and block states stay
-drawn (or captured, with --activations). DFlash is not run (a row says so): no DFlash checkpoint is read yet.
+drawn (or captured, with --activations). A DFlash draft checkpoint (SGLang's DFlashDraftModel naming) likewise
+runs the DFlash cases: its layers with the per-head query and K norms, its `fc` and `hidden_norm` (path 3), each
+layer's k_proj/v_proj/k_norm for the context's K/V, the config's block size and sliding window. The other
+drafter's row says it did not run.
 
 `--geometry k3`: the cases at the drafters' K3 preset geometry (`preset_case`: hidden 7168, DSpark's block 7 and
 5 layers, DFlash's block 16, 6 layers and window 4096, the presets' assumed heads, MLP width and vocabulary), with
@@ -135,14 +138,14 @@ def with_activations(inp: Any, acts: Any, device: str) -> Any:
 
 
 def checkpoint_cases(step: Any, n: int, seed: int, acts: Any = None) -> list[DraftStepCase]:
-    """n DSpark cases at a draft checkpoint's geometry (fixtures/draft_checkpoint.DSparkCheckpointStep): its taps,
+    """n cases of the checkpoint's drafter at its geometry (fixtures/draft_checkpoint.CheckpointStep): its taps,
     1-12 context positions (the captured ones with `acts`, whose taps and width must match), a seed per case for
     the drawn inputs."""
     g = step.geometry
     if acts is not None and (acts.shape[0], acts.shape[2]) != (step.taps, g.hidden):
         raise ValueError(f"--activations: {acts.shape[0]} taps of width {acts.shape[2]}, but the checkpoint's draft "
                          f"reads {step.taps} taps of width {g.hidden}")
-    rng = random.Random(f"dspark:{seed}:checkpoint")
+    rng = random.Random(f"{g.kind}:{seed}:checkpoint")
     return [case_at(g, step.taps, acts.shape[1] if acts is not None else rng.randint(1, 12), rng.randrange(2**31),
                     target_layers=max(8, 2 * step.taps + 1))
             for _ in range(n)]
@@ -152,8 +155,8 @@ def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device
                  log=None, activations: Any = None, checkpoint: Any = None, geometry: str = "drawn") -> pd.DataFrame:
     """One row per (engine, drafter) that binds a path of the drafter's step (module docstring); with
     `activations` (fixtures.activations.Activations) the cases are the captured inputs under drawn weights; with
-    `checkpoint` (fixtures/draft_checkpoint.DSparkCheckpointStep) the DSpark cases run the draft's own weights
-    and DFlash gets a row saying it did not run."""
+    `checkpoint` (fixtures/draft_checkpoint.CheckpointStep) its drafter's cases run the draft's own weights and
+    the other drafter gets a row saying it did not run."""
     from k3num.engines import registry
     from k3num.fixtures.builders import draft_step_inputs
     from k3num.harness import draft_step
@@ -169,8 +172,9 @@ def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device
             continue
         for kind in ("dspark", "dflash"):
             results = []
-            if checkpoint is not None and kind != "dspark":
-                rows.append({"engine": name, "drafter": kind, "paths": "not run: the checkpoint is a DSpark draft"})
+            if checkpoint is not None and kind != checkpoint.kind:
+                rows.append({"engine": name, "drafter": kind,
+                             "paths": f"not run: the checkpoint is a {checkpoint.kind} draft"})
                 continue
             try:
                 if checkpoint is not None:
@@ -547,18 +551,17 @@ def cmd_impact(args: argparse.Namespace) -> int:
 
 
 def _checkpoint_step(path: str, lm_head: str | None, device: str) -> Any:
-    """--checkpoint DIR (and --lm-head DIR) as the DSpark step's weights; a CheckpointError (a ValueError) names
+    """--checkpoint DIR (and --lm-head DIR) as its drafter's step weights; a CheckpointError (a ValueError) names
     the file and the tensor."""
-    from k3num.fixtures.checkpoint import CheckpointError, open_checkpoint
-    from k3num.fixtures.draft_checkpoint import dspark_step
+    from k3num.fixtures.checkpoint import open_checkpoint
+    from k3num.fixtures.draft_checkpoint import read_step
     from k3num.harness.judges import LOW
     from k3num.refmodel.draft_step import STEP_PRESETS
 
     ckpt = open_checkpoint(path)
-    if not ckpt.is_draft:
-        raise CheckpointError(f"{path}: not a draft checkpoint (its config has no kv_lora_rank)")
     head = open_checkpoint(lm_head) if lm_head else None
-    return dspark_step(ckpt, head, STEP_PRESETS["k3-dspark-step"].block, LOW, device)
+    blocks = {kind: STEP_PRESETS[f"k3-{kind}-step"].block for kind in ("dspark", "dflash")}
+    return read_step(ckpt, head, blocks, LOW, device)
 
 
 ENGINE_COLUMNS = ["engine", "drafter", "paths", "positions", "identical", "tie_break", "diverged", "decided_share",
@@ -603,12 +606,12 @@ def add_parser(sub) -> None:
                    help="drawn (default): the properties' tiny sizes, drawn per case; k3: the presets' K3 geometry "
                         "(hidden 7168, the real blocks, vocabulary 163840; GBs of weights per case: a GPU's job)")
     p.add_argument("--checkpoint", default=None, metavar="DIR",
-                   help="a DSpark draft checkpoint (HF layout; fixtures/draft_checkpoint.py lists the tensors): the "
-                        "DSpark cases run the draft's own layers, LM head, projection and context-KV weights; a bad "
-                        "or incomplete checkpoint exits 2 naming the file and the tensor")
+                   help="a DSpark or DFlash draft checkpoint (HF layout; fixtures/draft_checkpoint.py lists the "
+                        "tensors): that drafter's cases run the draft's own layers, LM head, projection and "
+                        "context-KV weights; a bad or incomplete checkpoint exits 2 naming the file and the tensor")
     p.add_argument("--lm-head", default=None, metavar="DIR",
-                   help="the checkpoint holding lm_head.weight when the draft has none (vLLM's DSpark shares the "
-                        "target's)")
+                   help="the checkpoint holding lm_head.weight when the draft has none (vLLM's DSpark and SGLang's "
+                        "DFlash use the target's)")
     p.add_argument("--ledger", action="store_true",
                    help="instead: each ledger entry's case class through the step on the entry's engine, with a "
                         "severity, or why the step does not reach it (exit 0 when it ran)")

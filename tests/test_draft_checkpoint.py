@@ -1,6 +1,7 @@
-"""A DSpark draft checkpoint through the draft step (fixtures/draft_checkpoint.py, `k3num impact --checkpoint`):
-every weight the step reads is the file's tensor (exact), kv_b_proj splits per head into W_uk then W_uv, the
-query's low-rank form and DFlash's query norm are what the oracle computes (metamorphic checks), and a bad or
+"""A draft checkpoint through the draft step (fixtures/draft_checkpoint.py, `k3num impact --checkpoint`), DSpark's
+and DFlash's: every weight the step reads is the file's tensor (exact), kv_b_proj splits per head into W_uk then
+W_uv, the query's low-rank form and DFlash's query norm are what the oracle computes (metamorphic checks), the
+geometry is the config's, a DFlash variant the step does not model is refused naming the key, and a bad or
 incomplete checkpoint is refused naming the file and the tensor."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +20,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from k3num.fixtures.builders import draft_step_inputs
-from k3num.fixtures.checkpoint import CheckpointError, open_checkpoint, write_checkpoint
-from k3num.fixtures.draft_checkpoint import dspark_step
+from k3num.fixtures.checkpoint import CheckpointError, open_checkpoint, write_checkpoint, write_dflash_checkpoint
+from k3num.fixtures.draft_checkpoint import dflash_step, dspark_step
 from k3num.fixtures.strategies import DraftStepCase
 from k3num.harness.judges import up
 from k3num.refmodel import draft_step as ref
@@ -62,7 +64,8 @@ def test_every_step_weight_is_the_checkpoints_tensor(tmp_path: Path) -> None:
             assert torch.equal(getattr(w, field)[layer], t[name.format(layer)]), (field, layer)
     assert torch.equal(w.final_norm, t["model.final_norm.weight"]) and torch.equal(w.lm_head, t["lm_head.weight"])
     assert torch.equal(s.fc, t["model.context_proj.weight"]) and torch.equal(s.fc_norm, t["model.context_norm.weight"])
-    assert s.kv_a is w.kv_a and s.kv_norm is w.kv_norm  # path 1's weight is the layer's own (vLLM duplicates it)
+    # path 1's weight is the layer's own (vLLM duplicates it)
+    assert s.paths["kv_a"] is w.kv_a and s.paths["kv_norm"] is w.kv_norm
 
 
 def test_the_checkpoints_kv_b_splits_per_head_into_w_uk_then_w_uv(tmp_path: Path) -> None:
@@ -213,7 +216,7 @@ def test_impact_runs_a_draft_checkpoint_through_the_step_and_exits_2_on_a_bad_on
     rows = pd.read_csv(io.StringIO(r.stdout)).set_index("drafter")
     assert rows.loc["dspark", "paths"] == "aux_capture=engine;project_unsharded=mirror;context_kv_fused=engine"
     assert rows.loc["dspark", "positions"] == 14 and rows.loc["dspark", "block"] == 7, r.stdout  # 2 blocks of 7
-    assert rows.loc["dflash", "paths"] == "not run: the checkpoint is a DSpark draft"
+    assert rows.loc["dflash", "paths"] == "not run: the checkpoint is a dspark draft"
     r = _impact("--checkpoint", str(draft), "--engine", "vllm", "--cases", "1")
     assert r.returncode == 2 and "no lm_head.weight" in r.stderr, r.stderr
     from k3num.fixtures import activations
@@ -261,3 +264,77 @@ def test_the_bf16_remainder_reads_the_low_rank_query_and_the_query_norm_as_the_o
     got = step(*(t.to(torch.bfloat16) for t in paths), inp.ctx_positions, inp.block_hidden.to(torch.bfloat16),
                inp.block_positions, low, g)
     assert (got.double() - want).abs().max() < 0.05 * want.abs().max()
+
+
+@pytest.mark.parametrize("prefix", ["", "model."])
+def test_every_dflash_step_weight_is_the_checkpoints_tensor_and_the_geometry_the_configs(tmp_path: Path,
+                                                                                          prefix: str) -> None:
+    """SGLang loads a DFlash draft's names with or without `model.`: both read the same; the context's K/V use
+    each layer's own k_proj, v_proj and k_norm; window, block, taps, heads and eps come from the config."""
+    root = write_dflash_checkpoint(tmp_path / "d", window=5, block=6, taps=3, prefix=prefix)
+    t = _tensors(root)
+    s = dflash_step(open_checkpoint(root), None, 16, torch.bfloat16, "cpu")
+    g, w = s.geometry, s.weights
+    assert (g.kind, g.hidden, g.num_layers, g.num_heads, g.num_kv_heads, g.head_dim, g.mlp_width, g.vocab, g.window,
+            g.block, g.eps, g.rope.style, g.rope.rotary_dim, s.taps) == (
+        "dflash", 64, 2, 4, 2, 16, 96, 128, 5, 6, 1e-6, "neox", 16, 3)
+    names = {"in_norm": "input_layernorm.weight", "post_norm": "post_attention_layernorm.weight",
+             "q_proj": "self_attn.q_proj.weight", "k_proj": "self_attn.k_proj.weight",
+             "v_proj": "self_attn.v_proj.weight", "o_proj": "self_attn.o_proj.weight",
+             "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight", "gate": "mlp.gate_proj.weight",
+             "up": "mlp.up_proj.weight", "down": "mlp.down_proj.weight"}
+    for field, name in names.items():
+        for layer in range(2):
+            assert torch.equal(getattr(w, field)[layer], t[f"{prefix}layers.{layer}.{name}"]), (field, layer)
+    assert torch.equal(w.final_norm, t[f"{prefix}norm.weight"]) and torch.equal(w.lm_head, t["lm_head.weight"])
+    assert torch.equal(s.fc, t[f"{prefix}fc.weight"]) and torch.equal(s.fc_norm, t[f"{prefix}hidden_norm.weight"])
+    assert s.paths == {"k_weight": w.k_proj, "v_weight": w.v_proj, "k_norm": w.k_norm}
+    full = dflash_step(open_checkpoint(write_dflash_checkpoint(tmp_path / "f", taps=2, extra={
+        "dflash_config": {"target_layer_ids": [2, 5]}})), None, 16, torch.bfloat16, "cpu")
+    assert (full.geometry.window, full.geometry.block, full.taps) == (0, 16, 2)  # no block_size: the preset's
+
+
+@pytest.mark.parametrize("extra,says", [
+    ({"use_gemma_norm": True}, "use_gemma_norm = true: the draft step does not model Gemma's RMSNorm"),
+    ({"dflash_config": {"conv_kernel_size": 3, "conv_group_size": 4}}, "conv_kernel_size = 3"),
+    ({"dflash_config": {"projector_type": "domino"}}, 'projector_type = "domino"'),
+    ({"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 4},
+     "the step takes one attention type for all 2 layers"),
+    ({"layer_types": ["sliding_attention"] * 2}, "sliding_attention layers without a sliding_window"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "the step rotates the whole head, unscaled"),
+    ({"draft_vocab_size": 64}, "a reduced draft vocabulary"),
+])
+def test_a_dflash_variant_the_step_does_not_model_is_refused_naming_the_key(tmp_path: Path, extra, says) -> None:
+    root = write_dflash_checkpoint(tmp_path / "d", extra=extra)
+    with pytest.raises(CheckpointError, match=re.escape(says)):
+        dflash_step(open_checkpoint(root), None, 16, torch.bfloat16, "cpu")
+
+
+def test_a_bad_dflash_checkpoint_is_refused_naming_the_tensor(tmp_path: Path) -> None:
+    root = write_dflash_checkpoint(tmp_path / "d")
+    _edit(root, "layers.1.self_attn.k_norm.weight", None)
+    with pytest.raises(CheckpointError, match="no tensor layers.1.self_attn.k_norm.weight in the weight_map"):
+        dflash_step(open_checkpoint(root), None, 16, torch.bfloat16, "cpu")
+    root = write_dflash_checkpoint(tmp_path / "h", lm_head=False)
+    with pytest.raises(CheckpointError, match="no lm_head.weight .SGLang's DFlash uses the target's LM head"):
+        dflash_step(open_checkpoint(root), None, 16, torch.bfloat16, "cpu")
+
+
+def test_impact_runs_a_dflash_checkpoint_through_the_step(tmp_path: Path) -> None:
+    if fetch.missing_files("sglang"):
+        pytest.skip("sglang is not fetched (k3num fetch sglang)")
+    draft = write_dflash_checkpoint(tmp_path / "d", lm_head=False, window=4, block=5)
+    target = write_dflash_checkpoint(tmp_path / "t")  # only its lm_head.weight is read
+    r = _impact("--checkpoint", str(draft), "--lm-head", str(target), "--engine", "sglang", "--cases", "2",
+                "--format", "csv")
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    rows = pd.read_csv(io.StringIO(r.stdout)).set_index("drafter")
+    assert rows.loc["dflash", "paths"] == "aux_capture=mirror;project_unsharded=engine;draft_context_kv=engine"
+    assert rows.loc["dflash", "positions"] == 10 and rows.loc["dflash", "block"] == 5, r.stdout  # 2 blocks of 5
+    assert rows.loc["dspark", "paths"] == "not run: the checkpoint is a dflash draft"
+    neither = write_dflash_checkpoint(tmp_path / "n", extra={"architectures": []})
+    cfg = json.loads((neither / "config.json").read_text())
+    del cfg["dflash_config"]
+    (neither / "config.json").write_text(json.dumps(cfg))
+    r = _impact("--checkpoint", str(neither), "--engine", "sglang")
+    assert r.returncode == 2 and "neither a DSpark draft (kv_lora_rank) nor a DFlash draft" in r.stderr, r.stderr

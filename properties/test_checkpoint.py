@@ -23,12 +23,11 @@ from k3num.engines.mirror import context_kv as eager
 from k3num.fixtures import checkpoint as ckpt
 from k3num.fixtures.tensors import Draw
 from k3num.harness import run
-from k3num.harness.judges import EPS, OUT_EPS, attn_res_oracle
-from k3num.oracles import budgets
+from k3num.harness.judges import EPS, OUT_EPS, attn_res_oracle, fused_context_kv
 from k3num.oracles.records import judge
 from k3num.properties.checks.quantized_loading import refused as _refused
-from k3num.properties.support import DEVICE, LOW, report, subject, up
-from k3num.refmodel import mla, quant
+from k3num.properties.support import DEVICE, LOW, report, subject
+from k3num.refmodel import quant
 
 
 def _checkpoint(draft: bool | None = None) -> ckpt.Checkpoint:
@@ -79,12 +78,12 @@ def test_checkpoint_fused_context_kv_within_budget_of_unfused_baseline(engine, t
     kv_c, k_pe = fused(x, kv_a, norm, positions, g.rope, g.eps)
     q_rows = torch.zeros(g.num_layers, g.q_lora_rank, g.hidden, dtype=LOW, device=DEVICE)
     b_c, b_pe = eager.context_kv_unfused(x, torch.cat([q_rows, kv_a], 1), norm, positions, g.rope, g.eps)
-    ref_c, ref_pe = mla.context_kv(up(x), up(kv_a), up(norm), positions, g.rope, g.eps)
-    for name, out, base_out, want in (("kv_c", kv_c, b_c, ref_c), ("k_pe", k_pe, b_pe, ref_pe)):
-        budget = budgets.baseline_rule((up(base_out) - want).abs().max().item(), want.abs().max().item(), LOW)
+    expected = fused_context_kv(x, kv_a, norm, positions, g.rope, g.eps, (b_c, b_pe))
+    for name, out in (("kv_c", kv_c), ("k_pe", k_pe)):
         report(judge(property="checkpoint_fused_within_budget_of_unfused", engine=engine,
-                     subject=base.CONTEXT_KV_FUSED, actual=out, reference=want, budget=budget, seed=seed,
-                     reduction_len=g.hidden, detail=f"{name};checkpoint={c.root.name};quant={c.quant}"))
+                     subject=base.CONTEXT_KV_FUSED, actual=out, reference=expected[name].reference,
+                     budget=expected[name].budget, seed=seed, reduction_len=g.hidden,
+                     detail=f"{name};checkpoint={c.root.name};quant={c.quant}"))
 
 
 def test_checkpoint_quantized_shards_load_as_the_per_layer_weights(engine) -> None:

@@ -110,22 +110,38 @@ class SubjectRecord:
     path: str
     signature: type
     oracle: str  # the harness/oracle.py Oracle entry point it is judged against
+    # the properties whose repro bundles of this subject `k3num replay` judges with this harness's oracle and
+    # budget (harness/judges.py REPLAYABLE says how, per property); a bundle of another property is replayed
+    # against its recorded budget only (harness/repro.py)
+    replays: tuple[str, ...] = ()
 
 
+_ATTN_RES_REPLAYS = ("attn_res_within_rounding_budget", "written_block_mixed_with_written_value",
+                     "checkpoint_attn_res_within_rounding_budget", "poisoned_output_fully_written",
+                     "off_path_shape_within_budget")
+_MIX_REPLAYS = ("read_only_mixture_within_rounding_budget", "off_path_shape_within_budget")
 SUBJECT_RECORDS: dict[str, SubjectRecord] = {r.name: r for r in (
-    SubjectRecord(base.CONTEXT_KV_FUSED, "1", ContextKVFused, "context_kv"),
-    SubjectRecord(base.CONTEXT_KV_UNFUSED, "1", ContextKVUnfused, "context_kv"),
-    SubjectRecord(base.ATTN_RES, "2", AttnRes, "attn_res_with_sources"),
+    SubjectRecord(base.CONTEXT_KV_FUSED, "1", ContextKVFused, "context_kv", ("fused_within_budget_of_unfused",)),
+    SubjectRecord(base.CONTEXT_KV_UNFUSED, "1", ContextKVUnfused, "context_kv", ("unfused_within_rounding_budget",)),
+    SubjectRecord(base.ATTN_RES, "2", AttnRes, "attn_res_with_sources", _ATTN_RES_REPLAYS),
     SubjectRecord(base.AUX_CAPTURE, "2", AuxCapture, "capture_aux_stream"),
-    SubjectRecord(base.ATTN_RES_MIX, "2", AttnResMix, "attn_res_with_sources"),
-    SubjectRecord(base.ATTN_RES_MIX_TRITON, "2", AttnResMix, "attn_res_with_sources"),
-    SubjectRecord(base.ATTN_RES_MIX_EAGER, "2", AttnResMix, "attn_res_with_sources"),
-    SubjectRecord(base.ATTN_RES_RESIDUAL, "2", AttnResResidual, "attn_res_with_sources"),
+    SubjectRecord(base.ATTN_RES_MIX, "2", AttnResMix, "attn_res_with_sources", _MIX_REPLAYS),
+    SubjectRecord(base.ATTN_RES_MIX_TRITON, "2", AttnResMix, "attn_res_with_sources", _MIX_REPLAYS),
+    SubjectRecord(base.ATTN_RES_MIX_EAGER, "2", AttnResMix, "attn_res_with_sources", _MIX_REPLAYS),
+    SubjectRecord(base.ATTN_RES_RESIDUAL, "2", AttnResResidual, "attn_res_with_sources",
+                  ("off_path_shape_within_budget",)),
     SubjectRecord(base.STAGE_PARTIAL, "3", StagePartial, "project_context"),
     SubjectRecord(base.FINALIZE_PROJECTION, "3", FinalizeProjection, "project_context"),
-    SubjectRecord(base.PROJECT_UNSHARDED, "3", ProjectUnsharded, "project_context"),
-    SubjectRecord(base.DRAFT_CONTEXT_KV, "3", DraftContextKV, "draft_context_kv"),
+    SubjectRecord(base.PROJECT_UNSHARDED, "3", ProjectUnsharded, "project_context",
+                  ("unsharded_within_rounding_budget",)),
+    SubjectRecord(base.DRAFT_CONTEXT_KV, "3", DraftContextKV, "draft_context_kv", ("draft_kv_within_rounding_budget",)),
 )}
+
+
+def replays(subject: str, prop: str) -> bool:
+    """Whether `k3num replay` judges a bundle of `prop` on `subject` with this harness's oracle and budget."""
+    record = SUBJECT_RECORDS.get(subject)
+    return record is not None and prop in record.replays
 
 
 @dataclass(frozen=True)

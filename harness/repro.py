@@ -18,7 +18,8 @@ entry and the field, before any engine is built. Anything else at write time mak
 replayable, which the bundle then says instead of storing half a case.
 
 The verdict is not taken from the file. `replay` rebuilds the engine (optionally from another tree:
-`--engine-src NAME=PATH`) and, for the properties harness/judges.py knows (`judges.REPLAYABLE`),
+`--engine-src NAME=PATH`) and, for the subject's properties that its record in the subject table says
+replay (engines/subjects.py `replays`; harness/judges.py `REPLAYABLE` says how each is judged),
 recomputes the oracle on the stored inputs and the budget with this harness's formula: a stored
 reference that differs from the recomputed one beyond float64 rounding is refused as tampered or
 foreign, and a recorded budget that differs from the computed one is said in the verdict line.
@@ -313,7 +314,7 @@ def f64_agrees(stored: torch.Tensor, computed: torch.Tensor, reduction_len: int)
 def replay(path: Path, device: str = "cpu", sources: dict[str, Path] | None = None) -> tuple[bool, str]:
     """(passed, the verdict line) of the bundle's comparison rerun on the engine here, its files read from
     `sources` (pin name -> local tree, --engine-src; absent: the pinned cache)."""
-    from k3num.engines import registry
+    from k3num.engines import registry, subjects
     from k3num.harness import judges
     from k3num.oracles import hunt
     from k3num.oracles.metrics import compare
@@ -327,7 +328,7 @@ def replay(path: Path, device: str = "cpu", sources: dict[str, Path] | None = No
     fn = engine.subjects.get(c["subject"]) or engine.extras.get(c["subject"])
     if not callable(fn):
         raise NotReplayable(f"{engine.name} {engine.version} has no subject {c['subject']!r}")
-    how = judges.REPLAYABLE.get(c["property"])
+    how = judges.REPLAYABLE[c["property"]] if subjects.replays(c["subject"], c["property"]) else None
     recorded = c["budget"]
     if how is not None:
         try:  # before the call: subjects write their inputs in place

@@ -20,6 +20,9 @@
   `draft_context_kv`, `unsharded_projection`, ...), and `api.budgets` for your own rules;
 - `api.engine(name)`: an engine's subjects bound as the suite binds them (the pinned release, or the
   tree `K3NUM_ENGINE_SRC` / `--engine-src` names: your checkout);
+- `api.subjects`: the subject table (engines/subjects.py): per subject its typed call (a Protocol, shapes
+  in its docstring), its K3 path, the oracle entry point it is judged against and the properties replay
+  re-judges; `api.oracle_of(name)` is that entry point, the float64 function itself;
 - `assert_within_budget`: the one judge call, raising the suite's small report (mismatched elements,
   the worst index, the budget and its rule, NaN/Inf disagreements) and returning the record, which
   joins the drift CSV when the k3num pytest plugin writes one.
@@ -32,6 +35,7 @@ from typing import Any
 import torch
 
 from k3num import refmodel  # noqa: F401  (the oracle's package, for api.refmodel.<module>)
+from k3num.engines import subjects  # noqa: F401  (the subject table, for api.subjects)
 from k3num.fixtures import builders, strategies  # noqa: F401
 from k3num.harness import judges  # noqa: F401
 from k3num.oracles import budgets  # noqa: F401
@@ -73,6 +77,17 @@ def engine(name: str, ctx: Any = None) -> Any:
 
     ctx = ctx or run.current()
     return registry.get(name, ctx.sources, ctx.engine_mode)
+
+
+def oracle_of(name: str) -> Any:
+    """The float64 oracle entry point subject `name` is judged against (its record in engines/subjects.py), as
+    the harness's judges call it (harness/oracle.py `current()`); ValueError for a name the table lacks."""
+    from k3num.harness import oracle
+
+    record = subjects.SUBJECT_RECORDS.get(name)
+    if record is None:
+        raise ValueError(f"no subject {name!r}; the subjects: {', '.join(subjects.SUBJECT_RECORDS)}")
+    return getattr(oracle.current(), record.oracle)
 
 
 def assert_within_budget(actual: torch.Tensor, reference: torch.Tensor, budget: budgets.Budget, *, property: str,

@@ -4,6 +4,7 @@ mutant uses is a declared capability, and an undeclared one is refused when the 
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import pytest
@@ -99,3 +100,30 @@ def test_every_adapter_declares_what_it_binds_in_the_one_format() -> None:
         paths = {subjects.PATH_OF[name] for name in subject.split(",")}  # every name a declared one
         assert path in paths, (engine, function, subject, path)  # a function serving two paths names one
     assert {r[0] for r in rows} == pinned  # every real engine declares its rows
+
+
+def test_the_replayed_properties_are_the_subject_tables_and_each_has_a_judge() -> None:
+    """`k3num replay` judges a bundle with this harness's oracle when the subject's record lists its property;
+    every such property has a judge (judges.REPLAYABLE), and every judge serves a record."""
+    from k3num.harness import judges
+
+    listed = {p for r in subjects.SUBJECT_RECORDS.values() for p in r.replays}
+    assert listed == set(judges.REPLAYABLE)
+    assert subjects.replays(base.ATTN_RES, "poisoned_output_fully_written")
+    assert not subjects.replays(base.AUX_CAPTURE, "attn_res_within_rounding_budget")
+    assert not subjects.replays("weight_loading", "fused_within_budget_of_unfused")  # a capability, not a subject
+
+
+def test_the_api_gives_each_subjects_oracle_from_the_table_as_the_judges_see_it() -> None:
+    from k3num import api
+    from k3num.refmodel import mla, partial_projection
+
+    assert api.subjects.SUBJECT_RECORDS is subjects.SUBJECT_RECORDS
+    assert api.oracle_of(base.CONTEXT_KV_FUSED) is mla.context_kv
+    assert api.oracle_of(base.DRAFT_CONTEXT_KV) is partial_projection.draft_context_kv
+    scoped = oracle.PLAIN.wrapped(lambda name, fn: functools.partial(fn))  # another callable per entry point
+    with oracle.using(scoped):
+        assert api.oracle_of(base.PROJECT_UNSHARDED) is scoped.project_context
+    assert api.oracle_of(base.PROJECT_UNSHARDED) is partial_projection.project_context
+    with pytest.raises(ValueError, match="no subject 'nope'"):
+        api.oracle_of("nope")

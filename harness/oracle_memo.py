@@ -2,8 +2,9 @@
 
 A paired example runs its body twice, head then base, on the same drawn case. Both passes build the
 same inputs and ask the float64 oracle the same questions; the base's answers are the head's. Each
-pass runs under `passing`, which scopes MEMO (harness/oracle.py's PLAIN with every entry point wrapped)
-as the judges' oracle (`oracle.using`); nothing in refmodel is replaced. On the head's pass each
+pass runs under a `Memo`'s `passing`, which scopes its oracle (harness/oracle.py's PLAIN with every entry
+point wrapped) as the judges' oracle (`oracle.using`); nothing in refmodel is replaced. The check owns its
+Memo (harness/pairing_run.py), so no state outlives the run. On the head's pass each
 call computes and keeps (a copy of its arguments, its result); on a later pass of the same example
 (the base, and the confirming reruns) the k-th call of an entry point is answered from the head's
 k-th call of it, when its arguments are the same values (`same`: tensors by dtype, shape, device and
@@ -30,12 +31,6 @@ from typing import Any
 import torch
 
 from k3num.harness import oracle
-
-STATS = {"computed": 0, "reused": 0, "missed": 0}  # over the session; `missed` computed on a replaying pass
-_KEPT: dict[str, list[tuple[Any, Any, Any]]] = {}  # entry point -> the head's calls: (args, kwargs, result)
-_SEEN: dict[str, int] = {}  # entry point -> calls made on the current pass
-_STATE = {"recording": False}
-
 
 _INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -67,43 +62,50 @@ def same(a: Any, b: Any) -> bool:
         return False
 
 
-def _memo(key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def memo(*args: Any, **kwargs: Any) -> Any:
-        k = _SEEN[key] = _SEEN.get(key, 0) + 1
-        if _STATE["recording"]:
-            kept_args = copy.deepcopy((args, kwargs))  # before the call: the oracle may not, but a caller may, mutate
-            result = fn(*args, **kwargs)
-            _KEPT.setdefault(key, []).append((*kept_args, copy.deepcopy(result)))
-            STATS["computed"] += 1
-            return result
-        kept = _KEPT.get(key, [])
-        if k <= len(kept) and same(kept[k - 1][0], args) and same(kept[k - 1][1], kwargs):
-            STATS["reused"] += 1
-            return copy.deepcopy(kept[k - 1][2])
-        STATS["missed"] += 1
-        return fn(*args, **kwargs)
+class Memo:
+    """One check's memo (module docstring): `oracle` is PLAIN with every entry point wrapped; `passing` scopes
+    it over one pass of an example's body; `stats` counts, over the check, the calls computed, reused and
+    computed again on a replaying pass (`missed`). Per-run state: the check owns one (harness/pairing_run.py)."""
 
-    return memo
+    def __init__(self) -> None:
+        self.stats = {"computed": 0, "reused": 0, "missed": 0}
+        self._kept: dict[str, list[tuple[Any, Any, Any]]] = {}  # entry point -> the head's (args, kwargs, result)
+        self._seen: dict[str, int] = {}  # entry point -> calls made on the current pass
+        self._recording = False
+        self.oracle = oracle.PLAIN.wrapped(self._wrap)
 
+    def _wrap(self, key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def memo(*args: Any, **kwargs: Any) -> Any:
+            k = self._seen[key] = self._seen.get(key, 0) + 1
+            if self._recording:
+                kept_args = copy.deepcopy((args, kwargs))  # before the call: a caller may mutate its inputs
+                result = fn(*args, **kwargs)
+                self._kept.setdefault(key, []).append((*kept_args, copy.deepcopy(result)))
+                self.stats["computed"] += 1
+                return result
+            kept = self._kept.get(key, [])
+            if k <= len(kept) and same(kept[k - 1][0], args) and same(kept[k - 1][1], kwargs):
+                self.stats["reused"] += 1
+                return copy.deepcopy(kept[k - 1][2])
+            self.stats["missed"] += 1
+            return fn(*args, **kwargs)
 
-MEMO = oracle.PLAIN.wrapped(_memo)  # the check's oracle: scoped over each pass by `passing`
+        return memo
 
+    def new_example(self) -> None:
+        """Forget the last example's calls: its inputs are never asked for again."""
+        self._kept.clear()
+        self._seen.clear()
 
-def new_example() -> None:
-    """Forget the last example's calls: its inputs are never asked for again."""
-    _KEPT.clear()
-    _SEEN.clear()
-
-
-@contextlib.contextmanager
-def passing(recording: bool) -> Iterator[None]:
-    """One pass of an example's body: the head's (recording) or a later one (replaying)."""
-    _SEEN.clear()
-    _STATE.update(recording=recording)
-    try:
-        with oracle.using(MEMO):
-            yield
-    finally:
-        _STATE.update(recording=False)
-        _SEEN.clear()
+    @contextlib.contextmanager
+    def passing(self, recording: bool) -> Iterator[None]:
+        """One pass of an example's body: the head's (recording) or a later one (replaying)."""
+        self._seen.clear()
+        self._recording = recording
+        try:
+            with oracle.using(self.oracle):
+                yield
+        finally:
+            self._recording = False
+            self._seen.clear()

@@ -26,9 +26,11 @@ Shapes: none; this module moves records, it computes nothing.
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import functools
 import hashlib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,16 +45,32 @@ from k3num.oracles import pairing
 from k3num.oracles.drift import COLLECTOR
 
 CONFIRM = 3  # reruns of the base on a case only the head failed (below)
-# read by properties/support.py: the base's pass neither steers nor bundles; with --check-side nothing steers
-SIDE = {"side": "head", "steer": True}
-_EXAMPLES: list[dict[str, Any]] = []
-_RECORDS: list[dict[str, Any]] = []
-_COUNT: dict[str, int] = {}
-_BASES: dict[str, Engine] = {}
-_CASES: list[dict[str, Any]] = []  # the head's cases in a two-process check (harness/side_cases.py)
-_REPLAY: dict[str, list[dict[str, Any]]] = {}  # the base's: node key -> the head's cases
-_FIXTURES: dict[str, tuple[str, ...]] = {}  # node id -> its fixture arguments (not drawn by hypothesis)
-_LEDGER: dict[str, str] = {}  # node id -> the ledger entry filed for its test on the pinned release
+# the pass running now, scoped by _run_side (read by harness/recording.py and properties/support.py: only the
+# head's pass steers hypothesis and writes bundles); outside a check every pass is the head's
+_SIDE: contextvars.ContextVar[str] = contextvars.ContextVar("k3num_check_side", default="head")
+
+
+def side() -> str:
+    """The check's pass running now: "head", "base" or "rerun" (outside a check: "head")."""
+    return _SIDE.get()
+
+
+@dataclass
+class CheckState:
+    """What one check run keeps between its hooks (config.stash[CHECK])."""
+
+    memo: oracle_memo.Memo = field(default_factory=oracle_memo.Memo)
+    examples: list[dict[str, Any]] = field(default_factory=list)  # examples.csv's rows
+    records: list[dict[str, Any]] = field(default_factory=list)  # records.csv's rows
+    count: dict[str, int] = field(default_factory=dict)  # node id -> examples so far
+    bases: dict[str, Engine] = field(default_factory=dict)  # head engine name -> its base
+    cases: list[dict[str, Any]] = field(default_factory=list)  # the head's cases in a two-process check
+    replay: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # the base's: node key -> head's cases
+    fixtures: dict[str, tuple[str, ...]] = field(default_factory=dict)  # node id -> its fixture arguments
+    ledger: dict[str, str] = field(default_factory=dict)  # node id -> the entry filed for its test (pinned)
+
+
+CHECK = pytest.StashKey[CheckState]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -94,17 +112,19 @@ def pytest_configure(config: pytest.Config) -> None:
         if (solo(config) == "base") != bool(config.getoption("--check-replay", None)):
             raise pytest.UsageError("--check-side base replays the head's cases: it needs --check-replay FILE "
                                     "(the head's cases.pt), and the head takes none")
-        SIDE.update(side=solo(config))
+        config.stash[CHECK] = CheckState()
         return
     spec = config.getoption("--check-base")
     if spec != "pinned" and not spec.startswith("engine:") and not Path(spec).is_dir():
         raise pytest.UsageError(f"--check-base {spec}: not 'pinned', 'engine:NAME' or a directory")
+    config.stash[CHECK] = CheckState()
 
 
 def base_for(config: pytest.Config, head: Engine) -> Engine:
     """The base engine paired with `head` (built once); a base that cannot be built skips the test."""
-    if head.name in _BASES:
-        return _BASES[head.name]
+    bases = config.stash[CHECK].bases
+    if head.name in bases:
+        return bases[head.name]
     spec = config.getoption("--check-base")
     try:
         if spec.startswith("engine:"):
@@ -121,7 +141,7 @@ def base_for(config: pytest.Config, head: Engine) -> Engine:
         pytest.exit(f"--check-base: {head.name}'s base runs in mode {built.mode}: one process cannot hold two builds "
                     "of the same compiled op names; `k3num check` runs one process per side there (--check-side)",
                     returncode=4)
-    _BASES[head.name] = built
+    bases[head.name] = built
     return built
 
 
@@ -150,13 +170,12 @@ class _Replay:
         return copy.deepcopy(self._values.pop(0))
 
 
-def _run_side(inner, args, kwargs, side: str) -> tuple[str, str, list]:
+def _run_side(state: CheckState, inner, args, kwargs, side: str) -> tuple[str, str, list]:
     """One pass of the example body: (outcome, why, the records it made)."""
     n0 = len(COLLECTOR.records)
-    before = SIDE["side"]
-    SIDE["side"] = side
+    token = _SIDE.set(side)
     try:
-        with oracle_memo.passing(recording=side == "head"):
+        with state.memo.passing(recording=side == "head"):
             inner(*args, **kwargs)
         outcome, why = pairing.PASS, ""
     except pytest.skip.Exception as e:
@@ -167,7 +186,7 @@ def _run_side(inner, args, kwargs, side: str) -> tuple[str, str, list]:
         outcome, why = pairing.FAIL, accounting.clip(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
                                                       300)
     finally:
-        SIDE["side"] = before
+        _SIDE.reset(token)
     return outcome, why, COLLECTOR.records[n0:]
 
 
@@ -184,9 +203,9 @@ def _replayed(kwargs: dict, recorders: dict[str, _Recorder], **extra) -> dict:
     return {**kwargs, **extra, **{k: _Replay(r.values) for k, r in recorders.items()}}
 
 
-def _head_passes_again(inner, args, kwargs: dict, recorders: dict[str, _Recorder]) -> bool:
+def _head_passes_again(state: CheckState, inner, args, kwargs: dict, recorders: dict[str, _Recorder]) -> bool:
     """The head's failing case run CONFIRM more times: True as soon as one passes (the failure is flaky)."""
-    return any(_run_side(inner, args, _replayed(kwargs, recorders), "rerun")[0] == pairing.PASS
+    return any(_run_side(state, inner, args, _replayed(kwargs, recorders), "rerun")[0] == pairing.PASS
                for _ in range(CONFIRM))
 
 
@@ -200,14 +219,16 @@ def _paired(inner, config: pytest.Config):
         if not isinstance(head, Engine):
             return inner(*args, **kwargs)
         base = base_for(config, head)
+        state = config.stash[CHECK]
         node = COLLECTOR.node
-        example = _COUNT[node] = _COUNT.get(node, 0) + 1
+        example = state.count[node] = state.count.get(node, 0) + 1
         head_kwargs, recorders = _recording(kwargs)
-        oracle_memo.new_example()
-        before = dict(oracle_memo.STATS)
-        h, h_why, h_recs = _run_side(inner, args, head_kwargs, "head")
+        state.memo.new_example()
+        before = dict(state.memo.stats)
+        h, h_why, h_recs = _run_side(state, inner, args, head_kwargs, "head")
+
         def base_pass():
-            return _run_side(inner, args, _replayed(kwargs, recorders, engine=base), "base")
+            return _run_side(state, inner, args, _replayed(kwargs, recorders, engine=base), "base")
 
         b, b_why, b_recs = base_pass()
         if h == pairing.SKIP and b == pairing.SKIP:
@@ -222,14 +243,14 @@ def _paired(inner, config: pytest.Config):
                     b, b_why = again, f"{again_why} (on a rerun of the same case)"
                     break
             else:
-                if _head_passes_again(inner, args, kwargs, recorders):
+                if _head_passes_again(state, inner, args, kwargs, recorders):
                     h = pairing.FLAKY
-        _EXAMPLES.append({"node": node, "example": example, "head": h, "base": b, "head_why": h_why,
-                          "base_why": b_why, "ledger": _LEDGER.get(node, ""),
-                          **{f"oracle_{k}": oracle_memo.STATS[k] - before[k] for k in oracle_memo.STATS}})
-        oracle_memo.new_example()
+        state.examples.append({"node": node, "example": example, "head": h, "base": b, "head_why": h_why,
+                               "base_why": b_why, "ledger": state.ledger.get(node, ""),
+                               **{f"oracle_{k}": v - before[k] for k, v in state.memo.stats.items()}})
+        state.memo.new_example()
         for side, recs in (("head", h_recs), ("base", b_recs)):
-            _keep(node, example, side, recs)
+            _keep(state, node, example, side, recs)
 
     body._k3num_paired = True  # type: ignore[attr-defined]
     return body
@@ -243,7 +264,7 @@ def case_key(kwargs: dict, drawn: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _solo(inner):
+def _solo(inner, state: CheckState):
     """The head's side of a two-process check: the example once, its outcome and case kept (a failure is
     run CONFIRM more times on the same case: passing once, flaky), for the base to replay."""
     if getattr(inner, "_k3num_paired", False):
@@ -257,18 +278,18 @@ def _solo(inner):
         node = COLLECTOR.node
         first, recorders = _recording(kwargs)
         given = copy.deepcopy({k: v for k, v in kwargs.items()
-                               if k not in _FIXTURES.get(node, ("engine",)) and k not in recorders})
-        outcome, why, recs = _run_side(inner, args, first, "head")  # a rejected draw raises through
-        example = _COUNT[node] = _COUNT.get(node, 0) + 1
+                               if k not in state.fixtures.get(node, ("engine",)) and k not in recorders})
+        outcome, why, recs = _run_side(state, inner, args, first, "head")  # a rejected draw raises through
+        example = state.count[node] = state.count.get(node, 0) + 1
         drawn = {k: r.values for k, r in recorders.items()}
-        _CASES.append({"key": pairing.node_key(node, engine.name), "example": example, "given": given,
-                       "drawn": drawn})
-        if outcome == pairing.FAIL and _head_passes_again(inner, args, kwargs, recorders):
+        state.cases.append({"key": pairing.node_key(node, engine.name), "example": example, "given": given,
+                            "drawn": drawn})
+        if outcome == pairing.FAIL and _head_passes_again(state, inner, args, kwargs, recorders):
             outcome = pairing.FLAKY
-        _EXAMPLES.append({"node": node, "example": example, "side": "head", "engine": engine.name,
-                          "outcome": outcome, "why": why, "ledger": _LEDGER.get(node, ""),
-                          "case": case_key(given, drawn)})
-        _keep(node, example, "head", recs)
+        state.examples.append({"node": node, "example": example, "side": "head", "engine": engine.name,
+                               "outcome": outcome, "why": why, "ledger": state.ledger.get(node, ""),
+                               "case": case_key(given, drawn)})
+        _keep(state, node, example, "head", recs)
         if outcome == pairing.SKIP:
             pytest.skip(why)
 
@@ -279,33 +300,34 @@ def _solo(inner):
 def _replay_base(item: pytest.Function) -> None:
     """The base's side: exactly the head's cases of this test, in order, on the base engine (no hypothesis
     generation: the base's process cannot be relied on to draw what the head's did)."""
+    state = item.config.stash[CHECK]
     funcargs = {a: item.funcargs[a] for a in item._fixtureinfo.argnames}
     engine = funcargs["engine"]
     h = getattr(item.obj, "hypothesis", None)
     inner = h.inner_test if h is not None else item.obj
     node = item.nodeid
-    cases = _REPLAY.get(pairing.node_key(node, engine.name))
+    cases = state.replay.get(pairing.node_key(node, engine.name))
     if not cases:
         pytest.skip("the head's run drew no case of this test (it did not run there)")
     outcomes = []
     for c in cases:
         kwargs = {**funcargs, **copy.deepcopy(c["given"]), **{k: _Replay(v) for k, v in c["drawn"].items()}}
         try:
-            outcome, why, recs = _run_side(inner, (), kwargs, "base")
+            outcome, why, recs = _run_side(state, inner, (), kwargs, "base")
         except HypothesisException as e:  # the base rejected (assume) a case the head accepted
             outcome, why, recs = pairing.SKIP, f"rejected on the base: {type(e).__name__}", []
-        _EXAMPLES.append({"node": node, "example": c["example"], "side": "base", "engine": engine.name,
-                          "outcome": outcome, "why": why, "ledger": _LEDGER.get(node, ""),
-                          "case": case_key(c["given"], c["drawn"])})
-        _keep(node, c["example"], "base", recs)
+        state.examples.append({"node": node, "example": c["example"], "side": "base", "engine": engine.name,
+                               "outcome": outcome, "why": why, "ledger": state.ledger.get(node, ""),
+                               "case": case_key(c["given"], c["drawn"])})
+        _keep(state, node, c["example"], "base", recs)
         outcomes.append((outcome, why))
     if all(o == pairing.SKIP for o, _ in outcomes):
         pytest.skip(outcomes[0][1])
 
 
-def _keep(node: str, example: int, side: str, recs: list) -> None:
+def _keep(state: CheckState, node: str, example: int, side: str, recs: list) -> None:
     for i, r in enumerate(recs):
-        _RECORDS.append({"node": node, "example": example, "side": side, "index": i, "property": r.property,
+        state.records.append({"node": node, "example": example, "side": side, "index": i, "property": r.property,
                          "subject": r.subject, "detail": r.detail, "verdict": r.verdict,
                          "max_abs": r.max_abs, "budget": r.budget, "ratio": r.ratio, "seed": r.seed,
                          "shape": r.shape, "engine_version": r.engine_version})
@@ -315,18 +337,19 @@ def _keep(node: str, example: int, side: str, recs: list) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not active(config):
         return
+    state = config.stash[CHECK]
     for item in items:
-        _FIXTURES[item.nodeid] = tuple(getattr(getattr(item, "_fixtureinfo", None), "argnames", ()))
+        state.fixtures[item.nodeid] = tuple(getattr(getattr(item, "_fixtureinfo", None), "argnames", ()))
     if solo(config) == "base":
         try:
-            _REPLAY.update(side_cases.read(config.getoption("--check-replay")))
+            state.replay.update(side_cases.read(config.getoption("--check-replay")))
         except side_cases.CasesError as e:
             raise pytest.UsageError(f"--check-replay: {e}") from None
-    wrap = _solo if solo(config) else functools.partial(_paired, config=config)
+    wrap = functools.partial(_solo, state=state) if solo(config) else functools.partial(_paired, config=config)
     for item in items:
         entry = getattr(item, "k3num_check_ledger", "")
         if entry:
-            _LEDGER[item.nodeid] = entry
+            state.ledger[item.nodeid] = entry
         h = getattr(getattr(item, "obj", None), "hypothesis", None)
         # the base of two processes replays the head's cases (pytest_pyfunc_call): hypothesis does not draw
         if h is not None and hasattr(h, "inner_test") and solo(config) != "base":
@@ -347,19 +370,21 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
     funcargs = {a: pyfuncitem.funcargs[a] for a in pyfuncitem._fixtureinfo.argnames}
     if not isinstance(funcargs.get("engine"), Engine):
         return None
-    (_solo(pyfuncitem.obj) if solo(pyfuncitem.config) else _paired(pyfuncitem.obj, pyfuncitem.config))(**funcargs)
+    config = pyfuncitem.config
+    (_solo(pyfuncitem.obj, config.stash[CHECK]) if solo(config) else _paired(pyfuncitem.obj, config))(**funcargs)
     return True
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if not active(session.config):
         return
+    state = session.config.stash[CHECK]
     out = Path(session.config.getoption("--check-out"))
     out.mkdir(parents=True, exist_ok=True)
     if solo(session.config) == "head":
-        side_cases.write(out / "cases.pt", _CASES)
-    memo = [f"oracle_{k}" for k in oracle_memo.STATS]
+        side_cases.write(out / "cases.pt", state.cases)
+    memo = [f"oracle_{k}" for k in state.memo.stats]
     columns = pairing.SIDE_COLUMNS if solo(session.config) else (*pairing.EXAMPLE_COLUMNS, *memo)
-    pd.DataFrame(_EXAMPLES, columns=list(columns)).to_csv(out / "examples.csv", index=False)
-    pd.DataFrame(_RECORDS, columns=[*pairing.RECORD_COLUMNS, "engine_version"]).to_csv(out / "records.csv",
-                                                                                       index=False)
+    pd.DataFrame(state.examples, columns=list(columns)).to_csv(out / "examples.csv", index=False)
+    pd.DataFrame(state.records, columns=[*pairing.RECORD_COLUMNS, "engine_version"]).to_csv(out / "records.csv",
+                                                                                            index=False)

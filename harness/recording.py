@@ -3,7 +3,7 @@ the verdict asserted. The property suite (properties/support.report, which first
 the API (k3num.api.assert_within_budget, for people's own tests) both end here.
 
 Steering (`hypothesis.target`) happens inside a hypothesis test only, and under `k3num check` only on the
-head's pass (harness/pairing_run.py `SIDE`): the base's pass and the confirming reruns replay the head's
+head's pass (harness/pairing_run.py `side()`): the base's pass and the confirming reruns replay the head's
 draws and must not move the search.
 """
 
@@ -22,7 +22,7 @@ from k3num.oracles.records import FAIL, Record, failure_message
 
 def on_head() -> bool:
     """Whether this pass is the one that draws: always outside a check, the head's pass inside one."""
-    return pairing_run.SIDE["side"] == "head"
+    return pairing_run.side() == "head"
 
 
 def collect(record: Record, *, climb: bool = True) -> Record:
@@ -31,7 +31,7 @@ def collect(record: Record, *, climb: bool = True) -> Record:
     if "actual" in record.extra:
         record = dataclasses.replace(record, extra={})
     COLLECTOR.add(record)
-    if climb and on_head() and pairing_run.SIDE["steer"] and math.isfinite(record.ratio) and (
+    if climb and on_head() and math.isfinite(record.ratio) and (
             currently_in_test_context()):
         part = record.detail.split(";")[0]
         target(record.ratio, label=f"{record.property}:{record.subject}:{part}")

@@ -39,9 +39,7 @@ def test_same_walks_dataclasses_and_containers():
 
 @pytest.fixture
 def memo():
-    oracle_memo.new_example()
-    yield oracle_memo
-    oracle_memo.new_example()
+    return oracle_memo.Memo()  # one check's memo
 
 
 def _inputs(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -57,7 +55,7 @@ def _project(*args):
 def test_a_replayed_pass_reuses_the_heads_answer_only_on_the_same_bits(memo):
     real = partial_projection.project_context
     taps, fc, norm = _inputs(0)
-    before = dict(memo.STATS)
+    before = dict(memo.stats)
     with memo.passing(recording=True):
         want = _project(taps, fc, norm, 1e-5)
     with memo.passing(recording=False):
@@ -70,16 +68,16 @@ def test_a_replayed_pass_reuses_the_heads_answer_only_on_the_same_bits(memo):
         other = _project(flipped, fc, norm, 1e-5)
     assert torch.equal(again, want)
     assert torch.equal(other, real(flipped, fc, norm, 1e-5))
-    got = {k: memo.STATS[k] - before[k] for k in memo.STATS}
+    got = {k: memo.stats[k] - before[k] for k in memo.stats}
     assert got == {"computed": 1, "reused": 2, "missed": 1}, got  # the flipped bit was computed, not reused
 
 
 def test_outside_a_pass_the_oracle_is_refmodels_own(memo):
     taps, fc, norm = _inputs(1)
-    before = dict(memo.STATS)
+    before = dict(memo.stats)
     assert oracle.current() is oracle.PLAIN
     out = _project(taps, fc, norm, 1e-5)
-    assert torch.equal(out, partial_projection.project_context(taps, fc, norm, 1e-5)) and memo.STATS == before
+    assert torch.equal(out, partial_projection.project_context(taps, fc, norm, 1e-5)) and memo.stats == before
 
 
 def test_a_pass_scopes_the_memo_and_replaces_nothing_in_refmodel(memo):
@@ -90,9 +88,9 @@ def test_a_pass_scopes_the_memo_and_replaces_nothing_in_refmodel(memo):
     assert set(modules) == set(oracle.Oracle.entry_points())
     with pytest.raises(RuntimeError, match="raised inside"):
         with memo.passing(recording=True):
-            assert oracle.current() is memo.MEMO
+            assert oracle.current() is memo.oracle
             raise RuntimeError("raised inside")
     assert oracle.current() is oracle.PLAIN  # the scope ended with its block, on an exception too
     for name, module in modules.items():
         fn = getattr(importlib.import_module(f"k3num.refmodel.{module}"), name)
-        assert getattr(oracle.PLAIN, name) is fn and getattr(memo.MEMO, name) is not fn
+        assert getattr(oracle.PLAIN, name) is fn and getattr(memo.oracle, name) is not fn

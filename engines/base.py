@@ -119,14 +119,15 @@ class Engine:
     storage_rounding: Callable[[Any], Any] | None = None
     rounding: str = "nearest"  # the mode of storage_rounding, for oracles.budgets.unit_roundoff
     # engine-specific contracts and facts outside the subject interfaces (e.g. vLLM's weight loading):
-    # each key a capability of engines/subjects.py CAPABILITIES (checked when the engine is built)
-    extras: dict[str, Any] = field(default_factory=dict)
+    # engines/subjects.py Capabilities, given as one or as a dict of its field names (converted, and an
+    # undeclared name refused, when the engine is built)
+    extras: Any = field(default_factory=dict)
     mode_note: str = ""
 
     def __post_init__(self) -> None:
         from k3num.engines import subjects  # the records import this module's names
 
-        subjects.check_extras(self.name, self.extras)
+        object.__setattr__(self, "extras", subjects.Capabilities.of(self.name, self.extras))
 
     def __repr__(self) -> str:
         """One line (name, version, mode): hypothesis prints the engine in every falsifying example."""

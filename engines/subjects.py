@@ -12,13 +12,16 @@ roundings it performs, a precondition it admits). Each record says:
 - capabilities: `kind` ("contract": a callable the properties judge; "fact": data the judges read) and
   `what` (its type and meaning).
 
-An Engine whose extras hold a name no record declares is refused when it is built (base.Engine), so the
-vocabulary is this table and nothing else. Tests: tests/test_subject_table.py.
+`Capabilities` is the typed record of an engine's capabilities (`Engine.extras`): one optional field per
+name, with its kind, path and meaning as the field's metadata, from which CAPABILITIES is read. An Engine
+given a name no field declares is refused when it is built (base.Engine), so the vocabulary is this table
+and nothing else. Tests: tests/test_subject_table.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 import torch
@@ -152,39 +155,73 @@ class Capability:
     what: str
 
 
-CAPABILITIES: dict[str, Capability] = {c.name: c for c in (
-    Capability("weight_loading", "contract", "1", "vLLM's merged context-KV weight loader (a namespace of callables)"),
-    Capability("block_fp8_loading", "contract", "1", "the FP8 block-scale loader of the merged projection"),
-    Capability("nvfp4_loading", "contract", "1", "the compressed-tensors NVFP4 loader"),
-    Capability("nvfp4_modelopt_loading", "contract", "1", "ModelOpt's NVFP4 loader"),
-    Capability("context_kv_ops", "contract", "1", "the context-KV ops one by one (engines.standins.ContextKVOps)"),
-    Capability("tap_owner", "contract", "2", "which PP stage captures each aux tap"),
-    Capability("pp_taps", "contract", "2", "the PP forward loop's taps (base.PPTapPlan)"),
-    Capability("transfer_pairs", "contract", "3", "the draft-KV transfer's (sender, receiver) pairs"),
-    Capability("kv_transfer", "contract", "3", "the released KV transfer on synthetic pointers"),
-    Capability("draft_kv_materialize", "contract", "3", "the draft KV written from the projected context"),
-    Capability("project_unsharded_fc_norm", "contract", "3", "the unsharded projection with its norm as one call"),
-    Capability("segmented_rmsnorm", "contract", "3", "the per-segment RMSNorm of the taps"),
-    Capability("fused_kv_norm_rope_write", "contract", "3", "SGLang's fused K norm, RoPE and cache write"),
-    Capability("pp_taps_hidden", "fact", "-", "bool: pp_taps also returns what the last stage hands on"),
-    Capability("pp_taps_standins", "fact", "-", "str: which compiled ops pp_taps runs as stand-ins"),
-    Capability("attn_res_admits", "fact", "-", "(num_blocks, block_write_idx, bank) -> bool: the engine's "
-               "precondition on an AttnRes call"),
-    Capability("attn_res_roundings", "fact", "-", "dict: the roundings the engine's AttnRes performs"),
-    Capability("projection_roundings", "fact", "-", "dict: the roundings of the stage partials it returns"),
-    Capability("aux_capture_owner_stage", "fact", "-", "bool: the aux tap is taken on its owner stage"),
-    Capability("logit_dtype", "fact", "-", "dict: subject -> the dtype (or a rule) of its mixture's logits"),
-    Capability("kv_transfer_missing", "fact", "-", "str: why kv_transfer is not bound"),
-)}
+def _cap(kind: str, path: str, what: str) -> Any:
+    return field(default=None, metadata={"kind": kind, "path": path, "what": what})
+
+
+@dataclass(frozen=True, eq=False)
+class Capabilities(Mapping[str, Any]):
+    """An engine's capabilities (`Engine.extras`): one typed, optional field per capability (None: the engine
+    does not have it). Read as a mapping of the ones it has: `extras["kv_transfer"]`, `extras.get(...)`,
+    `name in extras`; a name no field declares is refused when the engine is built."""
+
+    weight_loading: Any = _cap("contract", "1", "vLLM's merged context-KV weight loader (a namespace of callables)")
+    block_fp8_loading: Callable[..., Any] | None = _cap("contract", "1",
+                                                        "the FP8 block-scale loader of the merged projection")
+    nvfp4_loading: Callable[..., Any] | None = _cap("contract", "1", "the compressed-tensors NVFP4 loader")
+    nvfp4_modelopt_loading: Callable[..., Any] | None = _cap("contract", "1", "ModelOpt's NVFP4 loader")
+    context_kv_ops: Any = _cap("contract", "1", "the context-KV ops one by one (engines.standins.ContextKVOps)")
+    tap_owner: Callable[..., Any] | None = _cap("contract", "2", "which PP stage captures each aux tap")
+    pp_taps: Callable[..., Any] | None = _cap("contract", "2", "the PP forward loop's taps (base.PPTapPlan)")
+    transfer_pairs: Callable[..., Any] | None = _cap("contract", "3",
+                                                     "the draft-KV transfer's (sender, receiver) pairs")
+    kv_transfer: Any = _cap("contract", "3", "the released KV transfer on synthetic pointers")
+    draft_kv_materialize: Callable[..., Any] | None = _cap("contract", "3",
+                                                           "the draft KV written from the projected context")
+    project_unsharded_fc_norm: Callable[..., Any] | None = _cap("contract", "3",
+                                                                "the unsharded projection with its norm as one call")
+    segmented_rmsnorm: Callable[..., Any] | None = _cap("contract", "3", "the per-segment RMSNorm of the taps")
+    fused_kv_norm_rope_write: Callable[..., Any] | None = _cap("contract", "3",
+                                                               "SGLang's fused K norm, RoPE and cache write")
+    pp_taps_hidden: bool | None = _cap("fact", "-", "bool: pp_taps also returns what the last stage hands on")
+    pp_taps_standins: str | None = _cap("fact", "-", "str: which compiled ops pp_taps runs as stand-ins")
+    attn_res_admits: Callable[[int, int, int], bool] | None = _cap(
+        "fact", "-", "(num_blocks, block_write_idx, bank) -> bool: the engine's precondition on an AttnRes call")
+    attn_res_roundings: dict[str, Any] | None = _cap("fact", "-", "dict: the roundings the engine's AttnRes performs")
+    projection_roundings: dict[str, Any] | None = _cap("fact", "-",
+                                                       "dict: the roundings of the stage partials it returns")
+    aux_capture_owner_stage: bool | None = _cap("fact", "-", "bool: the aux tap is taken on its owner stage")
+    logit_dtype: dict[str, Any] | None = _cap("fact", "-",
+                                              "dict: subject -> the dtype (or a rule) of its mixture's logits")
+    kv_transfer_missing: str | None = _cap("fact", "-", "str: why kv_transfer is not bound")
+
+    @classmethod
+    def of(cls, engine: str, given: Mapping[str, Any]) -> Capabilities:
+        """`given` (a dict, or Capabilities) as Capabilities; ValueError naming any name no field declares."""
+        if isinstance(given, Capabilities):
+            return given
+        unknown = sorted(set(given) - set(CAPABILITIES))
+        if unknown:
+            raise ValueError(f"engine {engine}: extras {unknown} are not declared capabilities "
+                             f"(engines/subjects.py Capabilities; known: {sorted(CAPABILITIES)})")
+        return cls(**given)
+
+    def __getitem__(self, name: str) -> Any:
+        value = getattr(self, name) if name in CAPABILITIES else None
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return (n for n in CAPABILITIES if getattr(self, n) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+# the capability records, read off the fields (coverage's path column, the docs)
+CAPABILITIES: dict[str, Capability] = {f.name: Capability(f.name, **f.metadata) for f in fields(Capabilities)}
 
 # subject or capability -> its K3 path (the coverage table's column)
 PATH_OF: dict[str, str] = {**{n: r.path for n, r in SUBJECT_RECORDS.items()},
                            **{n: c.path for n, c in CAPABILITIES.items() if c.path != "-"}}
-
-
-def check_extras(engine: str, extras: dict[str, Any]) -> None:
-    """ValueError naming any extras key that no capability record declares."""
-    unknown = sorted(set(extras) - set(CAPABILITIES))
-    if unknown:
-        raise ValueError(f"engine {engine}: extras {unknown} are not declared capabilities "
-                         f"(engines/subjects.py CAPABILITIES; known: {sorted(CAPABILITIES)})")

@@ -127,3 +127,23 @@ def test_the_api_gives_each_subjects_oracle_from_the_table_as_the_judges_see_it(
     assert api.oracle_of(base.PROJECT_UNSHARDED) is partial_projection.project_context
     with pytest.raises(ValueError, match="no subject 'nope'"):
         api.oracle_of("nope")
+
+
+def test_an_engines_capabilities_are_one_typed_record_read_as_a_mapping_of_those_it_has() -> None:
+    """Engine.extras is subjects.Capabilities whatever the adapter passed: a field per capability (None: not
+    had), the table's records read off its fields, and the mapping views only the ones the engine has."""
+    import dataclasses
+
+    e = base.Engine(name="x", version="0", mode="reference", subjects={},
+                    extras={"kv_transfer_missing": "none here", "pp_taps_hidden": False})
+    assert isinstance(e.extras, subjects.Capabilities)
+    assert dict(e.extras) == {"pp_taps_hidden": False, "kv_transfer_missing": "none here"}  # False is had
+    assert "kv_transfer" not in e.extras and e.extras.get("kv_transfer") is None and len(e.extras) == 2
+    with pytest.raises(KeyError):
+        e.extras["kv_transfer"]
+    with pytest.raises(KeyError):
+        e.extras["not_a_capability"]
+    assert e.extras.kv_transfer_missing == "none here"  # typed attribute access too
+    assert [f.name for f in dataclasses.fields(subjects.Capabilities)] == list(subjects.CAPABILITIES)
+    again = dataclasses.replace(e, version="1", extras={**e.extras, "kv_transfer_missing": "other"})
+    assert again.extras.kv_transfer_missing == "other" and again.extras.pp_taps_hidden is False

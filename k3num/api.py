@@ -14,7 +14,8 @@
 - the oracle: `refmodel` (`api.refmodel.attn_res`, `.mla`, `.partial_projection`, `.rope`, `.geometry`
   with the K3 presets, `.quant`, `.transfer_plan`): float64 pure functions;
 - the strategies and input builders: `api.strategies` (hypothesis strategies of cases, not test
-  modules: importing them adds no test to yours), `api.builders` (seeded tensors of a case);
+  modules: importing them adds no test to yours; each takes a field's own strategy by name, e.g.
+  `attn_res_cases(num_blocks=st.just(0))`), `api.builders` (seeded tensors of a case);
 - the oracle-and-budget of each judged property, the very functions the harness's properties use:
   `api.judges` (`attn_res_oracle`, `read_only_mixture`, `fused_context_kv`, `unfused_context_kv`,
   `draft_context_kv`, `unsharded_projection`, ...), and `api.budgets` for your own rules;

@@ -54,7 +54,7 @@ def pinned() -> list[str]:
 
 def adapters() -> list[str]:
     """The real engines' adapter packages (each has `coverage_rows()`), one per package."""
-    return list(dict.fromkeys(module for module, _ in _REAL.values()))
+    return list(dict.fromkeys(module for _, module, _ in _real().values()))
 
 
 def pin_of(name: str) -> str | None:
@@ -105,13 +105,13 @@ def build(name: str, sources: Mapping[str, Path] | None = None, mode: str = "aut
         raise EngineUnavailable(str(e)) from e
 
 
-# the real engines: registry name -> (adapter module, factory); built only when first asked for
-_REAL = {
-    "vllm": ("k3num.engines.vllm_adapter", "build"),
-    "vllm-rocm": ("k3num.engines.vllm_adapter", "build_rocm"),
-    "tokenspeed": ("k3num.engines.tokenspeed_adapter", "build"),
-    "sglang": ("k3num.engines.sglang_adapter", "build"),
-}
+def _real() -> dict[str, tuple[str, str, str]]:
+    """The real engines: registry name -> (pin, adapter module, factory), from each pin's `builds`
+    (supply/fetch.py PINS); built only when first asked for."""
+    from k3num.supply import fetch
+
+    return {name: (pin.engine, f"k3num.engines.{pin.engine}_adapter", attr)
+            for pin in fetch.PINS.values() for name, attr in pin.builds}
 
 
 def _load_builtin() -> None:
@@ -119,9 +119,9 @@ def _load_builtin() -> None:
         from k3num.engines import mirror
 
         register("mirror", mirror.build)
-    for name, (module, attr) in _REAL.items():
+    for name, (pin, module, attr) in _real().items():
         if name not in _FACTORIES:
-            register(name, _lazy(module, attr), default=True, pin=name.split("-")[0])
+            register(name, _lazy(module, attr), default=True, pin=pin)
 
 
 def _lazy(module: str, attr: str) -> Factory:

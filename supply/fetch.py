@@ -68,6 +68,10 @@ class Pin:
     # (TokenSpeed's tokenspeed_kernel): each pinned by its own sha256; `files` lists theirs too, and
     # a file is taken from the companion whose `files` name it, else from this wheel
     companions: tuple["Pin", ...] = ()
+    # the engines built from these files: (registry name, factory in the adapter package
+    # k3num.engines.<engine>_adapter), registered by engines/registry.py in this table's order: adding an
+    # engine is this entry and its adapter package
+    builds: tuple[tuple[str, str], ...] = ()
 
     def wheel_of(self, rel: str) -> "Pin":
         """The pin of the wheel that holds `rel`: a companion's, or this one."""
@@ -107,6 +111,20 @@ PINS: dict[str, Pin] = {
             "vllm/model_executor/layers/quantization/modelopt.py",
         ),
         manifest_sha256="4ed01d8b069bd36542fe70f4f2cbdc0b63a9dafaa5a4f5525846f930a372f65c",
+        builds=(("vllm", "build"), ("vllm-rocm", "build_rocm")),
+    ),
+    "tokenspeed": Pin(
+        "tokenspeed", "tokenspeed", "0.1.1", "c20d4e87830c821f0b36f665baff999c4d08603b38becc6be33dc2636b97fb19",
+        ("tokenspeed/runtime/models/kimi_k3_dspark.py", "tokenspeed/runtime/execution/dspark_context.py",
+         "tokenspeed/runtime/models/kimi_k3.py", "tokenspeed/runtime/layers/segmented_rmsnorm.py",
+         *TOKENSPEED_KERNEL_FILES),
+        manifest_sha256="bc39d5ff776725bfd5f435c784d8bb9be756e6650ed3a7794449045f32c63f12",
+        companions=(Pin("tokenspeed", "tokenspeed-kernel", "0.1.4",
+                        "958ed94e8ec272ba198277bda56b0b4fa10b03626a80bb7d2a5a50440cd0b38b", TOKENSPEED_KERNEL_FILES,
+                        # the wheel is cp311-only, like SGLang's
+                        ("--only-binary=:all:", "--python-version", "3.11", "--platform",
+                         "manylinux_2_28_x86_64")),),
+        builds=(("tokenspeed", "build"),),
     ),
     "sglang": Pin(
         "sglang", "sglang", "0.5.23", "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937",
@@ -124,18 +142,7 @@ PINS: dict[str, Pin] = {
         # the wheel is cp311-only: ask for it explicitly from any Python
         ("--only-binary=:all:", "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64"),
         manifest_sha256="7f544eb169437fda264c0ac07f65a7e5e01a630bfa7867cab55e3a3aaab92b73",
-    ),
-    "tokenspeed": Pin(
-        "tokenspeed", "tokenspeed", "0.1.1", "c20d4e87830c821f0b36f665baff999c4d08603b38becc6be33dc2636b97fb19",
-        ("tokenspeed/runtime/models/kimi_k3_dspark.py", "tokenspeed/runtime/execution/dspark_context.py",
-         "tokenspeed/runtime/models/kimi_k3.py", "tokenspeed/runtime/layers/segmented_rmsnorm.py",
-         *TOKENSPEED_KERNEL_FILES),
-        manifest_sha256="bc39d5ff776725bfd5f435c784d8bb9be756e6650ed3a7794449045f32c63f12",
-        companions=(Pin("tokenspeed", "tokenspeed-kernel", "0.1.4",
-                        "958ed94e8ec272ba198277bda56b0b4fa10b03626a80bb7d2a5a50440cd0b38b", TOKENSPEED_KERNEL_FILES,
-                        # the wheel is cp311-only, like SGLang's
-                        ("--only-binary=:all:", "--python-version", "3.11", "--platform",
-                         "manylinux_2_28_x86_64")),),
+        builds=(("sglang", "build"),),
     ),
 }
 

@@ -147,3 +147,18 @@ def test_an_engines_capabilities_are_one_typed_record_read_as_a_mapping_of_those
     assert [f.name for f in dataclasses.fields(subjects.Capabilities)] == list(subjects.CAPABILITIES)
     again = dataclasses.replace(e, version="1", extras={**e.extras, "kv_transfer_missing": "other"})
     assert again.extras.kv_transfer_missing == "other" and again.extras.pp_taps_hidden is False
+
+
+def test_the_real_engines_are_the_pins_builds_each_a_factory_of_its_adapter_package() -> None:
+    """Adding an engine is one PINS entry (its `builds`) and one adapter package: the registry's real engines,
+    their pins and adapter packages are read from there."""
+    import importlib
+
+    from k3num.supply import fetch
+
+    builds = [(name, pin.engine, attr) for pin in fetch.PINS.values() for name, attr in pin.builds]
+    assert registry.pinned() == [name for name, _, _ in builds]
+    for name, pin, attr in builds:
+        assert registry.pin_of(name) == pin
+        assert callable(getattr(importlib.import_module(f"k3num.engines.{pin}_adapter"), attr)), (name, attr)
+    assert registry.adapters() == list(dict.fromkeys(f"k3num.engines.{pin}_adapter" for _, pin, _ in builds))

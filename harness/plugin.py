@@ -52,8 +52,7 @@ from hypothesis.errors import InvalidArgument
 from k3num.engines import registry
 from k3num.harness import accounting, isolation, run
 from k3num.harness import session_state as state
-from k3num.oracles import ledger
-from k3num.oracles.drift import COLLECTOR
+from k3num.oracles import drift, ledger
 
 # the plugin's other halves: what a failed test leaves behind and a lost CUDA context (run_isolation), and
 # the run's account per engine with the block that ends the log (run_summary)
@@ -269,6 +268,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
     ctx = config.stash[RUN] = run.install(_context(config))  # a bad value fails here, before collection
+    config.stash[state.DRIFT] = drift.DriftCollector()
     _resolve_drift_dir(config)
 
     config.stash[state.STARTED] = datetime.datetime.now(datetime.timezone.utc)
@@ -414,13 +414,22 @@ def engine(request: pytest.FixtureRequest):
         pytest.skip(f"engine {request.param} unavailable: {e}")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """The run's drift collector is the one a test's records go to (oracles.drift.collecting), through its
+    setup, call and teardown."""
+    with drift.collecting(item.config.stash[state.DRIFT]):
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _ledger_context(request: pytest.FixtureRequest):
     """Tag the drift records with the test's node id, and those of a ledger-listed case with its entry id."""
-    COLLECTOR.ledger = getattr(request.node, "k3num_ledger", "")
-    COLLECTOR.node = request.node.nodeid
+    collector = request.config.stash[state.DRIFT]
+    collector.ledger = getattr(request.node, "k3num_ledger", "")
+    collector.node = request.node.nodeid
     yield
-    COLLECTOR.ledger = COLLECTOR.node = ""
+    collector.ledger = collector.node = ""
 
 
 def _is_controller(config: pytest.Config) -> bool:
@@ -476,16 +485,18 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
     config = item.config
     path = _csv_target(config)
     written = config.stash.get(state.WRITTEN, 0)
-    if path and len(COLLECTOR.records) != written:
-        COLLECTOR.write_csv(path)
-        config.stash[state.WRITTEN] = len(COLLECTOR.records)
+    collector = config.stash[state.DRIFT]
+    if path and len(collector.records) != written:
+        collector.write_csv(path)
+        config.stash[state.WRITTEN] = len(collector.records)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
+    collector = config.stash[state.DRIFT]
     if hasattr(config, "workerinput"):  # an xdist worker: its records stay in its partial file
         if _csv_target(config):
-            COLLECTOR.write_csv(_csv_target(config))
+            collector.write_csv(_csv_target(config))
         config.workeroutput["k3num_bound"] = _bound()  # type: ignore[attr-defined]
         config.workeroutput["k3num_gpu"] = env.get("CUDA_VISIBLE_DEVICES") or ""  # type: ignore[attr-defined]
         config.workeroutput["k3num_examples"] = dict(_EXAMPLES)  # type: ignore[attr-defined]
@@ -502,7 +513,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         frames = [read_csv(p) for p in parts]
         frames = [f for f in frames if not f.empty]
         df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=COLUMNS)
-        written = COLLECTOR.write_frame(df[COLUMNS], path)
+        written = collector.write_frame(df[COLUMNS], path)
         for p in parts:
             p.unlink()
         config.stash[state.FRAME] = df
@@ -511,9 +522,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                     list(config.stash.get(state.BOUND, {}).values()))
         _link_latest(config, path)
         return
-    written = COLLECTOR.write_csv(path)
+    written = collector.write_csv(path)
     _write_meta(config, path, _EXAMPLES, list(_bound().values()))
-    config.stash[state.CSV] = (written, len(COLLECTOR.records))
+    config.stash[state.CSV] = (written, len(collector.records))
     _link_latest(config, path)
 
 

@@ -14,7 +14,6 @@ import torch
 from k3num.harness import isolation
 from k3num.harness import session_state as state
 from k3num.harness.plugin import _WORKER, _ours
-from k3num.oracles.drift import COLLECTOR
 from k3num.oracles.records import not_run as not_run_record
 from k3num.supply import env
 
@@ -121,6 +120,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     node, why = lost
     callspec = getattr(item, "callspec", None)
     engine = str(callspec.params.get("engine", "")) if callspec else ""
-    COLLECTOR.add(not_run_record(property=getattr(item, "originalname", item.name), engine=engine, node=item.nodeid,
-                                 why=f"{isolation.LOST} {node}: {why}"))
+    record = not_run_record(property=getattr(item, "originalname", item.name), engine=engine, node=item.nodeid,
+                            why=f"{isolation.LOST} {node}: {why}")
+    item.config.stash[state.DRIFT].add(record)
     pytest.skip(f"{isolation.LOST} {node}")

@@ -14,7 +14,7 @@ from k3num.harness import accounting, scaleout
 from k3num.harness import session_state as state
 from k3num.harness.plugin import _bound, _engine_names, _is_controller, _ours, _own_path
 from k3num.harness.run_isolation import _REPLACED
-from k3num.oracles.drift import COLLECTOR, SM100_NOTE, covers_vllm_attn_res, summarize
+from k3num.oracles.drift import SM100_NOTE, covers_vllm_attn_res, summarize
 from k3num.oracles.records import NOT_RUN
 
 
@@ -135,7 +135,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             gpus, key=scaleout.worker_index)))
     lost = config.stash.get(state.LOST, None)
     if lost:
-        n = sum(r.verdict == NOT_RUN for r in COLLECTOR.records)
+        n = sum(r.verdict == NOT_RUN for r in config.stash[state.DRIFT].records)
         tw.line(f"CUDA context lost after {lost[0]} ({lost[1]}): {n} later test(s) not run, counted apart from "
                 "failures and skips")
     for worker, node, why in _REPLACED:
@@ -153,7 +153,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         tw.line(f"ERROR: {len(never)} collected test(s) never ran ({_why_never(config)}): {', '.join(never[:5])}"
                 f"{' ...' if len(never) > 5 else ''}", red=True)
     frame = config.stash.get(state.FRAME, None)
-    summary = summarize(frame) if frame is not None else COLLECTOR.summary()
+    summary = summarize(frame) if frame is not None else config.stash[state.DRIFT].summary()
     if not summary.empty:
         tw.line("drift: worst err/budget ratio per engine and subject")
         tw.line(summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))

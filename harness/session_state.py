@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 STARTED = pytest.StashKey[datetime.datetime]()  # when pytest_configure ran (UTC)
+DRIFT = pytest.StashKey[Any]()  # the run's oracles.drift.DriftCollector (scoped over each test by the plugin)
 WRITTEN = pytest.StashKey[int]()  # records the drift CSV held at its last write
 FRAME = pytest.StashKey[Any]()  # the drift CSV's frame as last written (pandas.DataFrame)
 CSV = pytest.StashKey[tuple[int, int]]()  # (records before this write, records after)

@@ -1,17 +1,21 @@
-"""The session-level drift collector: every Record of a run, written to CSV with pandas.
+"""The drift collector: every Record of a run, written to CSV with pandas.
 
-`COLLECTOR.add(record)` is called by the properties; the pytest plugin (k3num.harness.plugin) writes
-the CSV (atomically: a temporary file in the target folder, then os.replace)
-when the session ends, and prints the worst err/budget ratio per engine and
-subject. Schema: the fields of oracles.records.Record, in order (documented
-in properties/README.md).
+A run's `DriftCollector` belongs to the run: the pytest plugin (k3num.harness.plugin) keeps it in its
+config's stash and scopes it over each test (`collecting`, a context variable); `current()` is the one
+scoped now (None outside a run). `COLLECTOR` is a stateless view of it for the code that adds records
+inside a test (`COLLECTOR.add(record)`, `COLLECTOR.node`): it holds nothing itself. The plugin writes the
+CSV (atomically: a temporary file in the target folder, then os.replace) after each test and when the
+session ends, and prints the worst err/budget ratio per engine and subject. Schema: the fields of
+oracles.records.Record, in order (documented in properties/README.md).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -104,4 +108,57 @@ def summarize(df: pd.DataFrame, keys: Sequence[str] = ("engine", "subject")) -> 
     return out.merge(worst_prop.rename(columns={"property": "worst_property"}), on=keys)
 
 
-COLLECTOR = DriftCollector()
+_CURRENT: contextvars.ContextVar[DriftCollector | None] = contextvars.ContextVar("k3num_drift", default=None)
+
+
+def current() -> DriftCollector | None:
+    """The collector scoped over the running code (`collecting`), None outside a run."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def collecting(collector: DriftCollector) -> Iterator[DriftCollector]:
+    """Within the block, `current()` (and COLLECTOR) is `collector`."""
+    token = _CURRENT.set(collector)
+    try:
+        yield collector
+    finally:
+        _CURRENT.reset(token)
+
+
+class _Scoped:
+    """COLLECTOR: the scoped collector's records, tags and `add`, read through; it keeps no state."""
+
+    @staticmethod
+    def _c() -> DriftCollector:
+        c = _CURRENT.get()
+        if c is None:
+            raise RuntimeError("no drift collector: records are collected inside a k3num pytest run (the plugin "
+                               "scopes its collector over each test) or inside drift.collecting(...)")
+        return c
+
+    def add(self, record: Record) -> Record:
+        return self._c().add(record)
+
+    @property
+    def records(self) -> list[Record]:
+        return self._c().records
+
+    @property
+    def node(self) -> str:
+        return self._c().node
+
+    @node.setter
+    def node(self, value: str) -> None:
+        self._c().node = value
+
+    @property
+    def ledger(self) -> str:
+        return self._c().ledger
+
+    @ledger.setter
+    def ledger(self, value: str) -> None:
+        self._c().ledger = value
+
+
+COLLECTOR = _Scoped()

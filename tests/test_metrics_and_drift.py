@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import torch
 
 from k3num.oracles import budgets
@@ -72,3 +73,24 @@ def test_drift_csv_has_the_documented_columns_and_is_replaced_atomically(tmp_pat
     assert [p.name for p in out.parent.iterdir()] == ["drift.csv"], "no temporary file left behind"
     s = c.summary()
     assert s.loc[0, "records"] == 3 and s.loc[0, "failures"] == 0
+
+
+def test_records_go_to_the_collector_scoped_over_the_running_code_and_nowhere_outside_a_run() -> None:
+    """The run's collector is scoped (drift.collecting); COLLECTOR reads through to it and keeps nothing; in a
+    context no run scoped there is none, and COLLECTOR says so rather than keeping records in the module."""
+    import contextvars
+
+    from k3num.oracles import drift
+    from k3num.oracles.records import not_run
+
+    mine = drift.DriftCollector()
+    with drift.collecting(mine):
+        drift.COLLECTOR.node = "probe::node"
+        drift.COLLECTOR.add(not_run(property="p", engine="mirror", node="", why="a probe"))
+        assert drift.current() is mine and drift.COLLECTOR.records is mine.records
+    assert [r.node for r in mine.records] == ["probe::node"]
+    assert drift.current() is not mine  # the test's own run's collector again
+    bare = contextvars.Context()
+    assert bare.run(drift.current) is None
+    with pytest.raises(RuntimeError, match="no drift collector"):
+        bare.run(lambda: drift.COLLECTOR.records)

@@ -143,8 +143,10 @@ def test_tests_xdist_never_ran_are_named_and_fail_the_run(tmp_path: Path) -> Non
     (tmp_path / "suite" / "test_crashes.py").write_text(
         "import os, pytest\n@pytest.mark.parametrize('i', range(20))\ndef test_i(i):\n"
         "    if i % 4 == 1:\n        os._exit(3)\n")
+    # one worker: with two, both die close together and xdist's scheduler can send the dead one's tests to the
+    # other as it dies ("cannot send (already closed?)", an INTERNALERROR of xdist's own, seen in CI)
     r = subprocess.run([sys.executable, "-m", "pytest", str(tmp_path / "suite"), "-q", "-p", "no:cacheprovider",
-                        "-n", "2", "--max-worker-restart", "1"], cwd=ROOT, capture_output=True, text=True,
+                        "-n", "1", "--max-worker-restart", "1"], cwd=ROOT, capture_output=True, text=True,
                        timeout=300, env=dict(os.environ, K3NUM_OWN_TESTS=str(tmp_path / "suite")))
     assert r.returncode == 1, r.stdout[-3000:]
     assert re.search(r"ERROR: \d+ collected test\(s\) never ran", r.stdout), r.stdout[-3000:]

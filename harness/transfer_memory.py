@@ -103,11 +103,6 @@ def plans(t: Transfer, kv_transfer: Any, kv: torch.Tensor) -> list[tuple[int, in
     return blocks
 
 
-def _bytes(x: torch.Tensor) -> np.ndarray:
-    """One [D] bf16 vector -> its 2 * D bytes."""
-    return x.detach().cpu().contiguous().view(torch.int16).numpy().view(np.uint8)
-
-
 def carry(t: Transfer, kv: torch.Tensor, blocks: list[tuple[int, int, int]]) -> torch.Tensor:
     """kv [L, N, KVH, D] bf16 written into the prefill's paged caches, `blocks` copied, the decode's caches read
     back -> [L, N, KVH, D] bf16 as the decode ranks hold it."""
@@ -120,13 +115,14 @@ def carry(t: Transfer, kv: torch.Tensor, blocks: list[tuple[int, int, int]]) -> 
     mem = _Memory()
     case = _case(t, kv, pages, 0)
     item = head_dim * judges.TRANSFER_DTYPE_BYTES
+    host = kv.detach().cpu().contiguous().view(torch.int16).numpy().view(np.uint8)  # [L, N, KVH, 2 * D], one copy
     for layer in range(layers):
         src, _ = judges.transfer_layouts(case, layer)
         for r in range(t.src_tp):
             for h in src.heads_of(r):
                 for tok in range(n):
                     page, slot = divmod(tok, t.page_size)
-                    mem.write("src", src.addr(r, case.src_pages[page], slot, h), _bytes(kv[layer, tok, h]))
+                    mem.write("src", src.addr(r, case.src_pages[page], slot, h), host[layer, tok, h])
     for s, d, length in blocks:
         mem.write("dst", d, mem.read("src", s, length))
     out = torch.empty(layers, n, heads, head_dim, dtype=torch.int16)

@@ -123,7 +123,8 @@ def main() -> int:
                     measure(engine, mirror, kind, args.geometry, args.tokens, 1, args.device)
                     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                         rows.append(measure(engine, mirror, kind, args.geometry, args.tokens, 1, args.device))
-                    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25))
+                    for key in ("cpu_time_total", "self_cpu_time_total", "self_device_time_total"):
+                        print(prof.key_averages().table(sort_by=key, row_limit=30))
                     continue
                 rows.append(measure(engine, mirror, kind, args.geometry, args.tokens, args.examples, args.device))
             except draft_step.NoPathBound as e:

@@ -140,7 +140,8 @@ def run(engine: Any, mirror: Any, kind: str, case: Any, device: str, subjects: d
     engine_logits = step_bf16(*_paths_bf16(kind, inp, case, g, {n: fn for n, (fn, _) in chosen.items()}), *remainder)
     noise = step_bf16(*_paths_bf16(kind, inp, case, g, {n: mirror.subject(n) for n in PATHS[kind]}), *remainder)
     exact_paths = step_bf16(*(t.to(LOW) for t in exact), *remainder)
-    delta = budgets.logit_budget((up(noise) - oracle).abs().max().item(), oracle.abs().max().item(), LOW)
+    noise_err, logit_max = torch.stack([(up(noise) - oracle).abs().max(), oracle.abs().max()]).tolist()
+    delta = budgets.logit_budget(noise_err, logit_max, LOW)
     return StepResult(kind, ";".join(f"{n}={src}" for n, (_, src) in chosen.items()), oracle, engine_logits, noise,
                       exact_paths, delta, tokens.judge_block(engine_logits, oracle, delta.value),
                       tokens.judge_block(noise, oracle, delta.value))

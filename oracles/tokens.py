@@ -77,13 +77,16 @@ def judge_block(subject: torch.Tensor, oracle: torch.Tensor, delta: float) -> Bl
     o_top, gap = top_two(oracle)
     s_top = torch.argmax(s, dim=1)
     err = (s - oracle).abs().amax(dim=1)
-    same = s_top == o_top
-    labels = tuple(IDENTICAL if same_i else (TIE_BREAK if g < delta else DIVERGED)
-                   for same_i, g in zip(same.tolist(), gap.tolist()))
-    lead = same.tolist()
-    agreement = next((i for i, ok in enumerate(lead) if not ok), len(lead))
     log_p = torch.log_softmax(oracle.double(), dim=1)
     log_q = torch.log_softmax(s, dim=1)
-    kl = float((log_p.exp() * (log_p - log_q)).sum(dim=1).mean())
-    return BlockVerdict(labels, tuple(o_top.tolist()), tuple(s_top.tolist()), tuple(gap.tolist()), tuple(err.tolist()),
-                        float(delta), agreement, kl)
+    kl = (log_p.exp() * (log_p - log_q)).sum(dim=1).mean()
+    # one device-to-host transfer of everything the verdict holds (indices < 2**53 are exact in float64)
+    rows = torch.cat([torch.stack([o_top.double(), s_top.double(), gap, err]).reshape(-1), kl.reshape(1)]).tolist()
+    b = len(o_top)
+    o_list, s_list = [int(i) for i in rows[:b]], [int(i) for i in rows[b:2 * b]]
+    gaps, errs = rows[2 * b:3 * b], rows[3 * b:4 * b]
+    same = [o == t for o, t in zip(o_list, s_list)]
+    labels = tuple(IDENTICAL if same_i else (TIE_BREAK if g < delta else DIVERGED) for same_i, g in zip(same, gaps))
+    agreement = next((i for i, ok in enumerate(same) if not ok), len(same))
+    return BlockVerdict(labels, tuple(o_list), tuple(s_list), tuple(gaps), tuple(errs), float(delta), agreement,
+                        rows[-1])

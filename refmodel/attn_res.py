@@ -326,12 +326,13 @@ def capture_aux_stream(
     the prefix (the PR version). Every mixture is read-only: no delta, no bank
     write, no output norm.
     """
-    checks.float64("prefix_sum", prefix_sum, (None, None))
+    checks.float64("prefix_sum", prefix_sum, (None, None), finite=False)
     t, h = prefix_sum.shape
     if pending_mlp_out is not None:
-        checks.float64("pending_mlp_out", pending_mlp_out, (t, h))
-    checks.float64("bank", bank, (t, None, h))
+        checks.float64("pending_mlp_out", pending_mlp_out, (t, h), finite=False)
+    checks.float64("bank", bank, (t, None, h), finite=False)
     checks.same_device(prefix_sum=prefix_sum, pending_mlp_out=pending_mlp_out, bank=bank)
+    checks.all_finite(prefix_sum=prefix_sum, pending_mlp_out=pending_mlp_out, bank=bank)  # one sync for the three
     if non_final_stage not in ("raise", "prefix"):
         raise ValueError(f"non_final_stage: expected 'raise' or 'prefix', got {non_final_stage!r}")
     if not 0 <= layer_idx < end_layer <= num_layers:

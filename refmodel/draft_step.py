@@ -103,6 +103,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.
         raise ValueError(f"allowed: expected a bool [{b}, {m}] mask, got {allowed.dtype} {list(allowed.shape)}")
     if not bool(allowed.any(dim=1).all()):
         raise ValueError("allowed: a query position allows no entry")
+    return _attend(q, k, v, allowed, scale)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
+    """`attention` unchecked: the steps' own call, whose arguments they built from checked inputs and whose mask
+    allows every query its own block (_window_mask), so no row is empty."""
+    nh, nkv = q.shape[1], k.shape[1]
     group = nh // nkv
     kk = k.repeat_interleave(group, dim=1)  # [M, NH, Dk]
     vv = v.repeat_interleave(group, dim=1)  # [M, NH, Dv]
@@ -179,9 +186,9 @@ def dspark_step(kv_c: torch.Tensor, k_pe: torch.Tensor, ctx_positions: torch.Ten
     """The DSpark block's logits. kv_c: [L, N, kv_lora], k_pe: [L, N, R] (path 1's context entries: normed,
     rotated); ctx_positions: [N]; block_hidden: [B, H] (the block's input states); block_positions: [B].
     Returns [B, V]."""
-    _check_step(block_hidden, block_positions, ctx_positions, w, g, "dspark")
-    checks.float64("kv_c", kv_c, (g.num_layers, ctx_positions.shape[0], g.kv_lora_rank))
-    checks.float64("k_pe", k_pe, (g.num_layers, ctx_positions.shape[0], g.rope.rotary_dim))
+    _check_step(block_hidden, block_positions, ctx_positions, w, g, "dspark",
+                kv_c=(kv_c, (g.num_layers, ctx_positions.shape[0], g.kv_lora_rank)),
+                k_pe=(k_pe, (g.num_layers, ctx_positions.shape[0], g.rope.rotary_dim)))
     assert w.kv_a is not None and w.kv_norm is not None and w.w_uk is not None and w.w_uv is not None
     nh, dn, dv, r, kvl = g.num_heads, g.head_dim, g.v_head_dim, g.rope.rotary_dim, g.kv_lora_rank
     allowed = _window_mask(block_positions, ctx_positions, 0)
@@ -198,7 +205,7 @@ def dspark_step(kv_c: torch.Tensor, k_pe: torch.Tensor, ctx_positions: torch.Ten
         k_nope = (c @ w.w_uk[layer].T).view(-1, nh, dn)
         k = torch.cat([k_nope, pe[:, None, :].expand(-1, nh, r)], dim=-1)  # [N + B, NH, Dn + R]
         v = (c @ w.w_uv[layer].T).view(-1, nh, dv)
-        o = attention(torch.cat([q[..., :dn], q_pe], dim=-1), k, v, allowed, 1.0 / math.sqrt(dn + r))
+        o = _attend(torch.cat([q[..., :dn], q_pe], dim=-1), k, v, allowed, 1.0 / math.sqrt(dn + r))
         h = h + o.reshape(-1, nh * dv) @ w.o_proj[layer].T
         h = h + swiglu(rmsnorm.normalize(h, w.post_norm[layer], g.eps), w.gate[layer], w.up[layer], w.down[layer])
     return lm_logits(h, w.final_norm, w.lm_head, g.eps)
@@ -208,10 +215,10 @@ def dflash_step(ctx_k: torch.Tensor, ctx_v: torch.Tensor, ctx_positions: torch.T
                 block_positions: torch.Tensor, w: DraftWeights, g: DraftStepGeometry) -> torch.Tensor:
     """The DFlash block's logits. ctx_k, ctx_v: [L, N, KVH, D] (path 3's draft context K/V: K normed per head
     and rotated); ctx_positions: [N]; block_hidden: [B, H]; block_positions: [B]. Returns [B, V]."""
-    _check_step(block_hidden, block_positions, ctx_positions, w, g, "dflash")
     n = ctx_positions.shape[0]
-    checks.float64("ctx_k", ctx_k, (g.num_layers, n, g.num_kv_heads, g.head_dim))
-    checks.float64("ctx_v", ctx_v, (g.num_layers, n, g.num_kv_heads, g.head_dim))
+    _check_step(block_hidden, block_positions, ctx_positions, w, g, "dflash",
+                ctx_k=(ctx_k, (g.num_layers, n, g.num_kv_heads, g.head_dim)),
+                ctx_v=(ctx_v, (g.num_layers, n, g.num_kv_heads, g.head_dim)))
     assert w.k_proj is not None and w.v_proj is not None and w.k_norm is not None
     nh, kvh, d = g.num_heads, g.num_kv_heads, g.head_dim
     allowed = _window_mask(block_positions, ctx_positions, g.window)
@@ -227,23 +234,27 @@ def dflash_step(ctx_k: torch.Tensor, ctx_v: torch.Tensor, ctx_positions: torch.T
         own_k = rope_ops.rotate(own_k, block_positions, g.rope)
         own_v = (x @ w.v_proj[layer].T).view(-1, kvh, d)
         k, v = torch.cat([ctx_k[layer], own_k]), torch.cat([ctx_v[layer], own_v])  # [N + B, KVH, D]
-        o = attention(q, k, v, allowed, 1.0 / math.sqrt(d))
+        o = _attend(q, k, v, allowed, 1.0 / math.sqrt(d))
         h = h + o.reshape(-1, nh * d) @ w.o_proj[layer].T
         h = h + swiglu(rmsnorm.normalize(h, w.post_norm[layer], g.eps), w.gate[layer], w.up[layer], w.down[layer])
     return lm_logits(h, w.final_norm, w.lm_head, g.eps)
 
 
 def _check_step(block_hidden: torch.Tensor, block_positions: torch.Tensor, ctx_positions: torch.Tensor,
-                w: DraftWeights, g: DraftStepGeometry, kind: str) -> None:
+                w: DraftWeights, g: DraftStepGeometry, kind: str,
+                **context: tuple[torch.Tensor, checks.Shape]) -> None:
+    """Every argument's dtype and shape (`context`: the paths' outputs, name -> (tensor, shape)), then every float
+    tensor's finiteness with one device sync: a step is called per example, and a sync per tensor would stall
+    the host once per weight."""
     if g.kind != kind:
         raise ValueError(f"geometry: a {g.kind} geometry given to the {kind} step")
-    checks.float64("block_hidden", block_hidden, (g.block, g.hidden))
+    checks.float64("block_hidden", block_hidden, (g.block, g.hidden), finite=False)
     checks.integer("block_positions", block_positions, (g.block,))
     checks.integer("ctx_positions", ctx_positions, (None,))
-    checks.float64("lm_head", w.lm_head, (g.vocab, g.hidden))
-    checks.float64("final_norm", w.final_norm, (g.hidden,))
+    checks.float64("lm_head", w.lm_head, (g.vocab, g.hidden), finite=False)
+    checks.float64("final_norm", w.final_norm, (g.hidden,), finite=False)
     for name in ("in_norm", "post_norm"):
-        checks.float64(name, getattr(w, name), (g.num_layers, g.hidden))
+        checks.float64(name, getattr(w, name), (g.num_layers, g.hidden), finite=False)
     needed: tuple[str, ...] = ("kv_a", "kv_norm", "w_uk", "w_uv") if kind == "dspark" else ("k_proj", "v_proj",
                                                                                           "k_norm")
     low_rank = ("q_a", "q_a_norm", "q_b")
@@ -261,4 +272,9 @@ def _check_step(block_hidden: torch.Tensor, block_positions: torch.Tensor, ctx_p
     if missing:
         raise ValueError(f"weights: the {kind} step needs {', '.join(missing)}")
     for n in needed:
-        checks.float64(n, getattr(w, n))
+        checks.float64(n, getattr(w, n), finite=False)
+    for name, (t, shape) in context.items():
+        checks.float64(name, t, shape, finite=False)
+    checks.all_finite(block_hidden=block_hidden, lm_head=w.lm_head, final_norm=w.final_norm, in_norm=w.in_norm,
+                      post_norm=w.post_norm, **{n: getattr(w, n) for n in needed},
+                      **{name: t for name, (t, _) in context.items()})

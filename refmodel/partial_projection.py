@@ -39,9 +39,10 @@ def check_partition(stages: Stages, num_taps: int) -> list[list[int]]:
 
 
 def _check_taps(taps: torch.Tensor, fc_weight: torch.Tensor) -> tuple[int, int, int]:
-    checks.float64("taps", taps, (None, None, None))
+    """Dtypes, shapes and the device; the caller checks finiteness with its other tensors (one sync)."""
+    checks.float64("taps", taps, (None, None, None), finite=False)
     k, n, h = taps.shape
-    checks.float64("fc_weight", fc_weight, (None, k * h))
+    checks.float64("fc_weight", fc_weight, (None, k * h), finite=False)
     checks.same_device(taps=taps, fc_weight=fc_weight)
     return k, n, h
 
@@ -53,6 +54,7 @@ def stage_partials(taps: torch.Tensor, fc_weight: torch.Tensor, stages: Stages) 
     Returns [num_stages, N, H_out]; an empty stage's partial is zeros.
     """
     k, n, h = _check_taps(taps, fc_weight)
+    checks.all_finite(taps=taps, fc_weight=fc_weight)
     parts = check_partition(stages, k)
     h_out = fc_weight.shape[0]
     out = torch.zeros(len(parts), n, h_out, dtype=torch.float64, device=taps.device)
@@ -75,13 +77,15 @@ def project_context(
     stages None the projection is the unsharded concat(taps) @ fc^T. Returns [N, H_out].
     """
     k, n, h = _check_taps(taps, fc_weight)
-    checks.float64("norm_weight", norm_weight, (fc_weight.shape[0],))
+    checks.float64("norm_weight", norm_weight, (fc_weight.shape[0],), finite=False)
     checks.same_device(taps=taps, norm_weight=norm_weight)
     eps = checks.positive_float("eps", eps)
     if stages is None:
+        checks.all_finite(taps=taps, fc_weight=fc_weight, norm_weight=norm_weight)
         concat = taps.permute(1, 0, 2).reshape(n, k * h)  # [N, K*H] = concat_i h_i
         summed = concat @ fc_weight.T
     else:
+        checks.all_finite(norm_weight=norm_weight)  # taps and fc_weight: stage_partials checks them
         summed = stage_partials(taps, fc_weight, stages).sum(dim=0)
     return rmsnorm.normalize(summed, norm_weight, eps)
 
@@ -101,12 +105,12 @@ def draft_context_kv(
     positions: [N] int. K is RMS-normed per head with layer l's [D] weight and
     rotated (the spec's style, NeoX for K3-DFlash). Returns k, v: [L, N, KVH, D].
     """
-    checks.float64("ctx", ctx, (None, None))
+    checks.float64("ctx", ctx, (None, None), finite=False)
     n, h = ctx.shape
-    checks.float64("k_weight", k_weight, (None, None, h))
+    checks.float64("k_weight", k_weight, (None, None, h), finite=False)
     num_layers, width = k_weight.shape[0], k_weight.shape[1]
-    checks.float64("v_weight", v_weight, (num_layers, width, h))
-    checks.float64("k_norm_weight", k_norm_weight, (num_layers, None))
+    checks.float64("v_weight", v_weight, (num_layers, width, h), finite=False)
+    checks.float64("k_norm_weight", k_norm_weight, (num_layers, None), finite=False)
     d = k_norm_weight.shape[1]
     if d == 0 or width % d:
         raise ValueError(f"k_weight: expected dim 1 a multiple of head_dim {d}, got {width}")
@@ -120,8 +124,12 @@ def draft_context_kv(
                                                    dtype=torch.float64, device=ctx.device).view(num_layers, 1, 1, 1)
     else:
         eps_t = checks.positive_float("eps", cast(float, eps))
-    if positions.numel() and int(positions.min()) < 0:
-        raise ValueError(f"positions: expected values >= 0, got min {int(positions.min())}")
+    deferred = checks.Deferred()  # finiteness and the positions' sign with one sync
+    deferred.finite(ctx=ctx, k_weight=k_weight, v_weight=v_weight, k_norm_weight=k_norm_weight)
+    if positions.numel():
+        deferred.require(positions.min() >= 0,
+                         lambda: f"positions: expected values >= 0, got min {int(positions.min())}")
+    deferred.raise_first()
     if d < rope.rotary_dim:
         raise ValueError(f"k_norm_weight: head_dim {d} is smaller than rotary_dim {rope.rotary_dim}")
     kvh = width // d

@@ -13,7 +13,8 @@
 #   `tokens` times the draft step at K3 geometry (bench/draft_step_speed.py: examples/s per engine and drafter,
 #   K3NUM_TOKENS_EXAMPLES, default 5; OUT/tokens-speed.csv), then runs the token properties on cuda under ci and
 #   `k3num impact`, `k3num impact --ledger` and `k3num impact --geometry k3` (the nightly's K3 step) on cuda
-#   (OUT/tokens-*.log, OUT/impact*.md).
+#   (OUT/tokens-*.log, OUT/impact*.md). K3NUM_TOKENS_PROFILE=1 adds the torch profiler's tables of sglang's DSpark
+#   step (OUT/tokens-profile.txt).
 #   `ranks` runs each PP stage as its own rank on NCCL, one GPU per rank (properties/test_pp_ranks.py --device cuda:
 #   2 and 4 ranks where as many GPUs are visible; the world sizes beyond them skip saying so). OUT/ranks.log.
 #   `known` runs the in-place prefix rewrite property (K3N-007's race on vllm-rocm) under nightly-1k on vllm and
@@ -111,6 +112,10 @@ if want tokens; then
     timeout -s INT "${K3NUM_TOKENS_BENCH_TIMEOUT:-200}" python bench/draft_step_speed.py --geometry k3 \
         --examples "${K3NUM_TOKENS_EXAMPLES:-5}" --csv "$out/tokens-speed.csv" 2>&1 | tee "$out/tokens-speed.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || tokens=1
+    if [ "${K3NUM_TOKENS_PROFILE:-0}" = 1 ]; then  # the profiler's tables of one (engine, drafter): where the step waits
+        timeout -s INT 120 python bench/draft_step_speed.py --geometry k3 --profile --engines sglang --kinds dspark \
+            > "$out/tokens-profile.txt" 2>&1 || tokens=1
+    fi
     timeout -s INT "${K3NUM_TOKENS_PROPS_TIMEOUT:-120}" python -m pytest properties/test_draft_tokens.py --device cuda \
         -p no:cacheprovider -q -rs --hypothesis-profile ci --drift-csv "$out/tokens.csv" 2>&1 | tail -n 25 \
         | tee "$out/tokens-props.log"

@@ -11,6 +11,7 @@ Works on any device and any float dtype (float64 inputs compute in float64).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -24,13 +25,35 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def rope_cache(spec: RopeSpec, max_position: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """vLLM-style cache [P, rotary_dim] = [cos | sin], angles t * inv_freq evaluated in `dtype`."""
+def rope_cache(spec: RopeSpec, max_position: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """vLLM-style cache [P, rotary_dim] = [cos | sin], angles t * inv_freq evaluated in `dtype` (on the CPU, so
+    every device holds the same bits). A new tensor each call: it may be handed to an engine's kernel."""
+    return shared_rope_cache(spec, max_position, dtype, device).clone()
+
+
+# tables up to this many elements are kept per (spec, P, dtype, device): 4-8 MB each, 16 of them at most
+_SHARED_MAX_ELEMENTS = 1 << 20
+
+
+def shared_rope_cache(spec: RopeSpec, max_position: int, dtype: torch.dtype,
+                      device: torch.device | str) -> torch.Tensor:
+    """`rope_cache`'s table, the same tensor for the same arguments: read-only, for the mirror's own reads
+    (indexing it makes new tensors). Building a table costs host-side cos/sin and a host-to-device copy that
+    waits for the device's queue; a draft step reads one table about 2L times."""
+    if max_position * spec.rotary_dim > _SHARED_MAX_ELEMENTS:
+        return _table(spec, max_position, dtype, str(torch.device(device)))
+    return _kept_table(spec, max_position, dtype, str(torch.device(device)))
+
+
+def _table(spec: RopeSpec, max_position: int, dtype: torch.dtype, device: str) -> torch.Tensor:
     inv = ref_rope.inv_freq(spec).to(dtype)
     t = torch.arange(max_position, dtype=dtype)
     freqs = torch.outer(t, inv)
     m = ref_rope.attention_scaling(spec)
     return torch.cat([freqs.cos() * m, freqs.sin() * m], dim=-1).to(device)
+
+
+_kept_table = functools.lru_cache(maxsize=16)(_table)
 
 
 def grouped_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -73,8 +96,8 @@ def norm_rope(
     k_pe = all_kv[..., kv_lora:].contiguous().view(num_layers * n, width - kv_lora)
     pos = repeat_positions(positions, num_layers) if repeat else positions
     max_pos = int(positions.max()) + 1 if positions.numel() else 1
-    cache = rope_cache(spec, max_pos, torch.float32 if all_kv.dtype != torch.float64 else torch.float64,
-                       all_kv.device)
+    cache = shared_rope_cache(spec, max_pos, torch.float32 if all_kv.dtype != torch.float64 else torch.float64,
+                              all_kv.device)
     k_pe = rotary(k_pe, pos, cache, spec.style).view(num_layers, n, width - kv_lora)
     return kv_c, k_pe
 

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from k3num.engines.mirror.context_kv import rope_cache, rotary
+from k3num.engines.mirror.context_kv import rotary, shared_rope_cache
 from k3num.refmodel.draft_step import DraftStepGeometry, DraftWeights
 
 
@@ -24,9 +24,14 @@ def _norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
 
 
-def _rope(x: torch.Tensor, positions: torch.Tensor, g: DraftStepGeometry) -> torch.Tensor:
+def _table(block_positions: torch.Tensor, g: DraftStepGeometry) -> torch.Tensor:
+    """The step's fp32 [cos | sin] table, up to its last block position (every rotation in the step is of the
+    block's positions): read once per step, as the engines build theirs once."""
+    return shared_rope_cache(g.rope, int(block_positions.max()) + 1, torch.float32, block_positions.device)
+
+
+def _rope(x: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor, g: DraftStepGeometry) -> torch.Tensor:
     """x [M, *, D]: the first rotary dims rotated (fp32 cos/sin table, one rounding), as the engines' RoPE."""
-    cache = rope_cache(g.rope, int(positions.max()) + 1, torch.float32, x.device)
     shape = x.shape
     flat = x.reshape(shape[0], -1, shape[-1])
     out = rotary(flat.reshape(-1, shape[-1]), positions.repeat_interleave(flat.shape[1]), cache, g.rope.style)
@@ -67,14 +72,15 @@ def dspark_step(kv_c: torch.Tensor, k_pe: torch.Tensor, ctx_positions: torch.Ten
     assert w.kv_a is not None and w.kv_norm is not None and w.w_uk is not None and w.w_uv is not None
     nh, dn, dv, r, kvl = g.num_heads, g.head_dim, g.v_head_dim, g.rope.rotary_dim, g.kv_lora_rank
     allowed = _mask(block_positions, ctx_positions, 0)
+    table = _table(block_positions, g)
     h = block_hidden
     for layer in range(g.num_layers):
         x = _norm(h, w.in_norm[layer], g.eps)
         q = _dspark_query(x, w, layer, g.eps).view(-1, nh, dn + r)
-        q = torch.cat([q[..., :dn], _rope(q[..., dn:].contiguous(), block_positions, g)], dim=-1)
+        q = torch.cat([q[..., :dn], _rope(q[..., dn:].contiguous(), block_positions, table, g)], dim=-1)
         own = x @ w.kv_a[layer].T
         own_c = _norm(own[:, :kvl], w.kv_norm[layer], g.eps)
-        own_pe = _rope(own[:, None, kvl:].contiguous(), block_positions, g)[:, 0]
+        own_pe = _rope(own[:, None, kvl:].contiguous(), block_positions, table, g)[:, 0]
         c, pe = torch.cat([kv_c[layer], own_c]), torch.cat([k_pe[layer], own_pe])
         k = torch.cat([(c @ w.w_uk[layer].T).view(-1, nh, dn), pe[:, None, :].expand(-1, nh, r)], dim=-1)
         v = (c @ w.w_uv[layer].T).view(-1, nh, dv)
@@ -90,13 +96,15 @@ def dflash_step(ctx_k: torch.Tensor, ctx_v: torch.Tensor, ctx_positions: torch.T
     assert w.k_proj is not None and w.v_proj is not None and w.k_norm is not None
     nh, kvh, d = g.num_heads, g.num_kv_heads, g.head_dim
     allowed = _mask(block_positions, ctx_positions, g.window)
+    table = _table(block_positions, g)
     h = block_hidden
     for layer in range(g.num_layers):
         x = _norm(h, w.in_norm[layer], g.eps)
         assert w.q_proj is not None
         q = (x @ w.q_proj[layer].T).view(-1, nh, d)
-        q = _rope(_norm(q, w.q_norm[layer], g.eps) if w.q_norm is not None else q, block_positions, g)
-        own_k = _rope(_norm((x @ w.k_proj[layer].T).view(-1, kvh, d), w.k_norm[layer], g.eps), block_positions, g)
+        q = _rope(_norm(q, w.q_norm[layer], g.eps) if w.q_norm is not None else q, block_positions, table, g)
+        own_k = _rope(_norm((x @ w.k_proj[layer].T).view(-1, kvh, d), w.k_norm[layer], g.eps), block_positions,
+                      table, g)
         own_v = (x @ w.v_proj[layer].T).view(-1, kvh, d)
         k, v = torch.cat([ctx_k[layer], own_k]), torch.cat([ctx_v[layer], own_v])
         o = _attention(q, k, v, allowed, 1.0 / math.sqrt(d))

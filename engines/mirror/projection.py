@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from k3num.engines.mirror.context_kv import acc_dtype, rope_cache, rotary
+from k3num.engines.mirror.context_kv import acc_dtype, rotary, shared_rope_cache
 from k3num.refmodel.geometry import RopeSpec
 
 
@@ -73,7 +73,7 @@ def draft_context_kv(
     d = k_norm_weight.shape[1]
     n = ctx.shape[0]
     max_pos = int(positions.max()) + 1 if positions.numel() else 1
-    cache = rope_cache(rope, max_pos, acc_dtype(ctx.dtype), ctx.device)
+    cache = shared_rope_cache(rope, max_pos, acc_dtype(ctx.dtype), ctx.device)
     ks, vs = [], []
     for layer in range(num_layers):
         k = (ctx @ k_weight[layer].T).view(n, width // d, d)

@@ -4,9 +4,12 @@ and any other failing case fails the test. Registered by harness/plugin.py (`pyt
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,7 +17,19 @@ import pytest
 from k3num.oracles import ledger, records
 from k3num.oracles.drift import COLLECTOR
 
-_KNOWN: dict[str, list[str]] = {}  # node id -> the entry id of each failing case inside its rule
+# the entry id of each failing case inside its rule, in the test running now (scoped by `counting`)
+_KNOWN: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("k3num_known_cases", default=None)
+
+
+@contextlib.contextmanager
+def counting() -> Iterator[list[str]]:
+    """Scope a test's count of known cases: the list the ledgered bodies run inside it append to."""
+    known: list[str] = []
+    token = _KNOWN.set(known)
+    try:
+        yield known
+    finally:
+        _KNOWN.reset(token)
 
 
 def ledgered(inner):
@@ -46,7 +61,11 @@ def ledgered(inner):
             covering = [d.id for d in filed if ledger_cases.inside(d.id, drawn, calls)]
             if not covering:
                 raise  # outside every entry's cases: a failure like any other
-            _KNOWN.setdefault(COLLECTOR.node, []).append(covering[0])
+            known = _KNOWN.get()
+            if known is None:
+                raise RuntimeError("a ledgered test body ran outside ledger_run.counting(): its known case "
+                                   "would not be counted") from None
+            known.append(covering[0])
             why = str(sys.exc_info()[1]).strip().splitlines()
             COLLECTOR.add(records.known_case(property=inner.__name__, engine=kwargs["engine"], ledger=covering[0],
                                              node=COLLECTOR.node, why=why[0] if why else ""))
@@ -80,9 +99,8 @@ def _recording(engine: Any, calls: dict[str, Any]) -> Any:
 def pytest_runtest_call(item: pytest.Item):
     """A ledger-covered test whose only failures were cases inside its entry's rule: xfailed, naming the
     entry and the count (the run's account counts it known, as a strict xfail was)."""
-    _KNOWN.pop(item.nodeid, None)
-    result = yield
-    known = _KNOWN.pop(item.nodeid, [])
+    with counting() as known:
+        result = yield
     if known:
         from k3num.harness import ledger_cases
 

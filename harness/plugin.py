@@ -36,7 +36,9 @@ from k3num.harness import scaleout
 from k3num.supply import env
 
 # pytest-xdist: each worker sees one GPU, chosen before CUDA starts in this process (the controller
-# exported the GPUs it may use; see harness/scaleout.py)
+# exported the GPUs it may use; see harness/scaleout.py). Only this choice reads the worker's name from
+# the environment, because it must come before anything can start CUDA. Everything else asks the config
+# (`worker_id`): a pytest that a worker's test starts inherits the variable, but is no worker.
 _WORKER = env.get("PYTEST_XDIST_WORKER")
 if _WORKER and env.get("K3NUM_GPUS"):
     if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
@@ -437,11 +439,17 @@ def _is_controller(config: pytest.Config) -> bool:
     return not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no"
 
 
+def worker_id(config: pytest.Config) -> str:
+    """This process's xdist worker name (gw0, gw1, ...), "" where it is no worker."""
+    return str(getattr(config, "workerinput", {}).get("workerid", ""))
+
+
 def _csv_target(config: pytest.Config) -> str | None:
     """Where this process writes its records: the --drift-csv path, or a worker's partial file beside it."""
     path = config.getoption("--drift-csv")
-    if path and _WORKER:
-        return str(scaleout.partial_path(path, _WORKER))
+    worker = worker_id(config)
+    if path and worker:
+        return str(scaleout.partial_path(path, worker))
     return path
 
 
@@ -499,7 +507,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             collector.write_csv(_csv_target(config))
         config.workeroutput["k3num_bound"] = _bound()  # type: ignore[attr-defined]
         config.workeroutput["k3num_gpu"] = env.get("CUDA_VISIBLE_DEVICES") or ""  # type: ignore[attr-defined]
-        config.workeroutput["k3num_examples"] = dict(_EXAMPLES)  # type: ignore[attr-defined]
+        config.workeroutput["k3num_examples"] = dict(state.book(config).examples)  # type: ignore[attr-defined]
         return
     path = config.getoption("--drift-csv")
     if not path:
@@ -523,7 +531,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         _link_latest(config, path)
         return
     written = collector.write_csv(path)
-    _write_meta(config, path, _EXAMPLES, list(_bound().values()))
+    _write_meta(config, path, state.book(config).examples, list(_bound().values()))
     config.stash[state.CSV] = (written, len(collector.records))
     _link_latest(config, path)
 
@@ -537,7 +545,7 @@ def _resolve_drift_dir(config: pytest.Config) -> None:
         return
     if config.getoption("--drift-csv"):
         raise pytest.UsageError("--drift-dir and --drift-csv: give one (--drift-csv names the file itself)")
-    if _WORKER and env.get("K3NUM_RUN_CSV"):  # the controller's choice, for its xdist workers
+    if worker_id(config) and env.get("K3NUM_RUN_CSV"):  # the controller's choice, for its xdist workers
         config.option.drift_csv = env.get("K3NUM_RUN_CSV")
         return
     import datetime
@@ -574,9 +582,6 @@ def pytest_testnodedown(node, error) -> None:
     node.config.stash.setdefault(state.GPUS, {})[node.gateway.id] = gpu if gpu else "-"
 
 
-_EXAMPLES: dict[str, int] = {}  # node id -> hypothesis examples run (generate, reuse, target phases)
-
-
 @pytest.hookimpl(hookwrapper=True, trylast=True)
 def pytest_runtest_call(item: pytest.Item):
     """Count each hypothesis test's examples for the run's metadata (hypothesis reports its statistics
@@ -590,7 +595,7 @@ def pytest_runtest_call(item: pytest.Item):
             n = sum(1 for phase in ("reuse", "generate", "target")
                     for case in stats.get(f"{phase}-phase", {}).get("test-cases", [])
                     if case.get("status") in ("valid", "interesting"))
-            _EXAMPLES[item.nodeid] = n
+            state.book(item.config).examples[item.nodeid] = n  # generate, reuse and target phases
         finally:
             if outer is not None:
                 outer(stats)

@@ -13,7 +13,7 @@ import torch
 
 from k3num.harness import isolation
 from k3num.harness import session_state as state
-from k3num.harness.plugin import _WORKER, _ours
+from k3num.harness.plugin import _ours, worker_id
 from k3num.oracles.records import not_run as not_run_record
 from k3num.supply import env
 
@@ -58,7 +58,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
         why = isolation.context_lost()
         if why:
             _context_lost(item, why)
-    if item.config.stash.get(state.LOST, None) and _WORKER:
+    if item.config.stash.get(state.LOST, None) and worker_id(item.config):
         _replace_this_worker(item.config)
 
 
@@ -79,10 +79,10 @@ def _replace_this_worker(config: pytest.Config) -> None:
     import json
 
     node, why = config.stash[state.LOST]
-    rundir = env.get("K3NUM_RUNDIR")
+    rundir, worker = env.get("K3NUM_RUNDIR"), worker_id(config)
     if rundir:
-        with open(os.path.join(rundir, f"lost-{_WORKER}.json"), "w") as fh:
-            json.dump({"worker": _WORKER, "node": node, "why": why}, fh)
+        with open(os.path.join(rundir, f"lost-{worker}.json"), "w") as fh:
+            json.dump({"worker": worker, "node": node, "why": why}, fh)
     sys.stderr.flush()
     sys.stdout.flush()
     os._exit(3)
@@ -105,10 +105,7 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched) -> 
     if lost.get("node") != crashitem:
         return
     report.outcome, report.when, report.longrepr = "passed", "teardown", None  # type: ignore[assignment]
-    _REPLACED.append((worker, crashitem, lost.get("why", "")))
-
-
-_REPLACED: list[tuple[str, str, str]] = []  # xdist controller: (worker, node, why) of each replaced worker
+    state.book(sched.config).replaced.append((worker, crashitem, lost.get("why", "")))  # xdist's scheduler's config
 
 
 @pytest.hookimpl(tryfirst=True)

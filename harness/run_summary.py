@@ -13,51 +13,55 @@ from k3num.engines import registry
 from k3num.harness import accounting, scaleout
 from k3num.harness import session_state as state
 from k3num.harness.plugin import _bound, _engine_names, _is_controller, _ours, _own_path
-from k3num.harness.run_isolation import _REPLACED
 from k3num.oracles.drift import SM100_NOTE, covers_vllm_attn_res, summarize
 from k3num.oracles.records import NOT_RUN
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """The run's account per engine (harness/accounting.py), kept where the summary is printed."""
-    if report.when in ("setup", "call"):
-        _REPORTED.add(report.nodeid)
-    tags = dict(p for p in report.user_properties if isinstance(p, tuple) and len(p) == 2)
-    if "k3num_engine" not in tags:  # a test of ours without an engine: its skip still counts
+class _Reports:
+    """Each report's part in the run's account (harness/accounting.py). An object registered per config
+    (pytest_configure), since pytest hands `pytest_runtest_logreport` the report and not the config."""
+
+    def __init__(self, book: state.Book) -> None:
+        self.book = book
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        b = self.book
+        if report.when in ("setup", "call"):
+            b.reported.add(report.nodeid)
+        tags = dict(p for p in report.user_properties if isinstance(p, tuple) and len(p) == 2)
         decided = accounting.outcome_of(report.when, report.outcome, bool(getattr(report, "wasxfail", "")))
-        if decided == "skipped" and report.nodeid in _COLLECTED and isinstance(report.longrepr, tuple) \
-                and len(report.longrepr) == 3:
-            _UNTAGGED_SKIPS[report.nodeid] = accounting.short_reason(str(report.longrepr[2]))
-        return
-    state = _ACCOUNT.setdefault(report.nodeid, {"engine": str(tags["k3num_engine"])})
-    decided = accounting.outcome_of(report.when, report.outcome, bool(getattr(report, "wasxfail", "")))
-    if decided is not None:
-        state["outcome"] = decided
-        if decided == "skipped" and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
-            state["reason"] = accounting.short_reason(str(report.longrepr[2]))
+        skip_reason = (accounting.short_reason(str(report.longrepr[2])) if decided == "skipped"
+                       and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3 else None)
+        if "k3num_engine" not in tags:  # a test of ours without an engine: its skip still counts
+            if skip_reason is not None and report.nodeid in b.collected:
+                b.untagged_skips[report.nodeid] = skip_reason
+            return
+        entry = b.account.setdefault(report.nodeid, {"engine": str(tags["k3num_engine"])})
+        if decided is not None:
+            entry["outcome"] = decided
+            if skip_reason is not None:
+                entry["reason"] = skip_reason
 
 
-_ACCOUNT: dict[str, dict[str, str]] = {}  # node id -> engine, outcome, reason (this process's view)
-_UNTAGGED_SKIPS: dict[str, str] = {}  # node id -> skip reason of a test of ours that takes no engine
-_COLLECTED: set[str] = set()  # every test collected (on an xdist controller: every worker's collection)
-_REPORTED: set[str] = set()  # every test a report arrived for
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_Reports(state.book(config)), f"k3num-reports-{id(config)}")
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
     root = str(node.config.rootpath)
-    _COLLECTED.update(i for i in ids if _own_path(os.path.join(root, i.split("::")[0])))
+    state.book(node.config).collected.update(i for i in ids if _own_path(os.path.join(root, i.split("::")[0])))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """What this run means to run of ours: the items left after deselection (-k, -m)."""
     if not hasattr(session.config, "workerinput") and not _is_controller(session.config):
-        _COLLECTED.update(item.nodeid for item in session.items if _ours(item))
+        state.book(session.config).collected.update(item.nodeid for item in session.items if _ours(item))
 
 
-def _outcomes() -> list[accounting.Outcome]:
+def _outcomes(config: pytest.Config) -> list[accounting.Outcome]:
     return [accounting.Outcome(node, s["engine"], s.get("outcome", "run"), s.get("reason", ""))
-            for node, s in _ACCOUNT.items()]
+            for node, s in state.book(config).account.items()]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -82,7 +86,8 @@ def _judge_the_account(session: pytest.Session) -> None:
         return
     # (only where tests of ours took an engine: a foreign suite that names an engine through
     # K3NUM_ENGINE_SRC for k3num.api.engine is not judged by this rule)
-    empty = accounting.ran_nothing(_outcomes(), _named_engines(config)) if _ACCOUNT else []
+    book = state.book(config)
+    empty = accounting.ran_nothing(_outcomes(config), _named_engines(config)) if book.account else []
     if session.exitstatus == pytest.ExitCode.INTERRUPTED:  # not "no test applies": none got its turn
         empty = [(name, "the run was interrupted before any of its tests ran" if why.startswith("no selected")
                   else why) for name, why in empty]
@@ -90,7 +95,7 @@ def _judge_the_account(session: pytest.Session) -> None:
     # collected and never reported: a test xdist dropped (its restart limit reached after crashed
     # workers) or a run cut short; said by name, and a run that meant to run them does not pass
     # --collect-only runs nothing by design: nothing is owed
-    never = [] if config.getoption("collectonly", False) else sorted(_COLLECTED - _REPORTED)
+    never = [] if config.getoption("collectonly", False) else sorted(book.collected - book.reported)
     config.stash[state.NEVER] = never
     stopped = session.shouldstop or session.shouldfail or session.exitstatus == pytest.ExitCode.INTERRUPTED
     if (empty or (never and not stopped)) and session.exitstatus == 0:
@@ -116,13 +121,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     path, and the command to run next."""
     if hasattr(config, "workerinput") or state.TERMINAL not in config.stash:
         return
-    if not (_ACCOUNT or config.stash.get(state.NEVER, []) or _REPLACED or config.stash.get(state.LOST, None)):
+    book = state.book(config)
+    if not (book.account or config.stash.get(state.NEVER, []) or book.replaced or config.stash.get(state.LOST, None)):
         return
     tw = config.stash[state.TERMINAL]._tw
-    outcomes = _outcomes()
+    outcomes = _outcomes(config)
     tw.sep("=", "k3-numerics")
     groups = accounting.skip_groups(outcomes + [accounting.Outcome(node, "", "skipped", why)
-                                                for node, why in _UNTAGGED_SKIPS.items()])
+                                                for node, why in book.untagged_skips.items()])
     if groups and not _asks_skips(config):
         tw.line(f"skipped, by reason ({sum(n for n, _ in groups)}; -rs lists each):")
         for n, reason in groups[:12]:
@@ -138,11 +144,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         n = sum(r.verdict == NOT_RUN for r in config.stash[state.DRIFT].records)
         tw.line(f"CUDA context lost after {lost[0]} ({lost[1]}): {n} later test(s) not run, counted apart from "
                 "failures and skips")
-    for worker, node, why in _REPLACED:
+    for worker, node, why in book.replaced:
         tw.line(f"xdist worker {worker} lost its CUDA context after {node} ({why}): replaced, its queue went to "
                 "the other workers")
     bound = config.stash.get(state.BOUND, {}) if _is_controller(config) else _bound()
-    if _ACCOUNT:
+    if book.account:
         tw.line("engines (how each was bound: tests run, skipped, known divergences):")
         for line in accounting.engine_lines(outcomes, bound, _engine_names(config)):
             tw.line(f"  {line}")

@@ -1,13 +1,41 @@
 """What one pytest session keeps between its hooks: the keys of `config.stash` (and `item.stash`) that the
 plugin's modules share (harness/plugin.py, run_summary.py, run_isolation.py), instead of attributes set on
-pytest's objects."""
+pytest's objects or module globals: a second run in the same process (pytester, `pytest.main` twice)
+starts from its own."""
 
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+
+
+@dataclass
+class Book:
+    """The plugin's per-run bookkeeping, one per config (`book(config)`): this process's view, merged on an
+    xdist controller where the workers send theirs."""
+
+    account: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> engine, outcome, reason
+    untagged_skips: dict[str, str] = field(default_factory=dict)  # node -> skip reason of a test of ours
+    #                                                              that takes no engine
+    collected: set[str] = field(default_factory=set)  # every test of ours collected (controller: every worker's)
+    reported: set[str] = field(default_factory=set)  # every test a report arrived for
+    examples: dict[str, int] = field(default_factory=dict)  # node -> hypothesis examples run
+    replaced: list[tuple[str, str, str]] = field(default_factory=list)  # controller: (worker, node, why) of
+    #                                                                    each worker replaced after a lost context
+
+
+BOOK = pytest.StashKey[Book]()
+
+
+def book(config: pytest.Config) -> Book:
+    """The run's Book, made at the first hook that asks for it."""
+    if BOOK not in config.stash:
+        config.stash[BOOK] = Book()
+    return config.stash[BOOK]
+
 
 STARTED = pytest.StashKey[datetime.datetime]()  # when pytest_configure ran (UTC)
 DRIFT = pytest.StashKey[Any]()  # the run's oracles.drift.DriftCollector (scoped over each test by the plugin)

@@ -131,15 +131,16 @@ def test_a_race_rule_judges_the_call_that_ran_not_the_case_drawn():
     body._k3num_entries["vllm-rocm"] = [ledger.by_id("K3N-007")]
     COLLECTOR.node = "probe"
     try:
-        body(engine=rocm, case=drawn)  # known: the call that ran had the delta
-        assert ledger_run._KNOWN.pop("probe", []) == ["K3N-007"]
+        with ledger_run.counting() as known:
+            body(engine=rocm, case=drawn)  # known: the call that ran had the delta
+        assert known == ["K3N-007"]
 
         def test_without_the_delta(engine, case):
             call(engine, case, delta=False)
 
         plain = ledger_run.ledgered(test_without_the_delta)
         plain._k3num_entries["vllm-rocm"] = [ledger.by_id("K3N-007")]
-        with pytest.raises(AssertionError, match="distinct outputs"):
+        with ledger_run.counting(), pytest.raises(AssertionError, match="distinct outputs"):
             plain(engine=rocm, case=K3N_007)  # drawn with a delta, ran without: not the race
 
         def test_fails_before_the_call(engine, case):
@@ -147,11 +148,10 @@ def test_a_race_rule_judges_the_call_that_ran_not_the_case_drawn():
 
         early = ledger_run.ledgered(test_fails_before_the_call)
         early._k3num_entries["vllm-rocm"] = [ledger.by_id("K3N-007")]
-        with pytest.raises(AssertionError, match="refused"):
+        with ledger_run.counting(), pytest.raises(AssertionError, match="refused"):
             early(engine=rocm, case=K3N_007)
     finally:
         COLLECTOR.node = ""
-        ledger_run._KNOWN.pop("probe", None)
 
 
 def test_the_rewrite_check_sees_each_form_of_the_old_bodies():

@@ -13,7 +13,8 @@ kernel failed the 33 tests after it with "CUDA error: an illegal memory access w
   The oracle's per-device cached constants are dropped too (refmodel.drop_cached_constants): a failed
   test's kernel may have written outside its buffers into them (issue 32, GPU run 53: the planted
   `_combine_kernel` launched one 1024-wide H block over 96-wide rows and its stores reached the cached
-  RoPE inverse frequencies; the DFlash writer's test that ran later read NaN cos/sin in its oracle).
+  RoPE inverse frequencies; the DFlash writer's test that ran later read NaN cos/sin in its oracle). So are
+  the bf16 mirror's kept RoPE tables (engines/mirror/context_kv.shared_rope_cache).
 - `context_lost`: after a failed test on a CUDA process, a synchronize and one tiny kernel tell
   whether the context still works. An illegal address or an unknown error is sticky: every later CUDA
   call fails. Such a process runs nothing more: serially, its later tests are skipped as
@@ -28,13 +29,10 @@ from __future__ import annotations
 import gc
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 LOST = "not run: CUDA context lost after"
 RUNDIR_ENV = "K3NUM_RUNDIR"  # the xdist controller's folder where a worker that must go leaves its note
-# what a module with per-test state registers to be dropped after a failure (properties.support's
-# record of the last subject call, under --repro-dir)
-AT_FAILURE: list[Callable[[], None]] = []
 
 
 def _chain(exc: BaseException | None) -> Iterator[BaseException]:
@@ -59,12 +57,12 @@ def release_failure(exc: BaseException | None = None) -> None:
     for name in ("last_type", "last_value", "last_traceback", "last_exc"):
         if hasattr(sys, name):
             setattr(sys, name, None)
-    for drop in AT_FAILURE:
-        drop()
     # the oracle's device-resident constants: the failed test's kernel may have written over them
     from k3num import refmodel
+    from k3num.engines.mirror import context_kv as mirror_tables
 
     refmodel.drop_cached_constants()
+    mirror_tables.drop_kept_tables()  # the bf16 mirror's RoPE tables, kept per device the same way
     gc.collect()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():

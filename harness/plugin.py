@@ -418,9 +418,14 @@ def engine(request: pytest.FixtureRequest):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    """The run's drift collector is the one a test's records go to (oracles.drift.collecting), through its
-    setup, call and teardown."""
-    with drift.collecting(item.config.stash[state.DRIFT]):
+    """Through a test's setup, call and teardown: its records go to the run's drift collector
+    (oracles.drift.collecting), keep their compared tensors under --repro-dir (oracles.records.keeping_tensors),
+    and the property helpers keep their state in the run's Book (harness/recording.scoped)."""
+    from k3num.harness import recording
+    from k3num.oracles import records
+
+    with drift.collecting(item.config.stash[state.DRIFT]), recording.scoped(state.book(item.config)), \
+            records.keeping_tensors(bool(item.config.stash[RUN].repro_dir)):
         yield
 
 

@@ -9,8 +9,12 @@ draws and must not move the search.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
+from collections.abc import Iterator
+from typing import Any
 
 from hypothesis import target
 from hypothesis.control import currently_in_test_context
@@ -18,6 +22,28 @@ from hypothesis.control import currently_in_test_context
 from k3num.harness import pairing_run
 from k3num.oracles import drift
 from k3num.oracles.records import FAIL, Record, failure_message
+
+_BOOK: contextvars.ContextVar[Any] = contextvars.ContextVar("k3num_book", default=None)
+
+
+@contextlib.contextmanager
+def scoped(book: Any) -> Iterator[None]:
+    """The run's Book (harness/session_state.py) for the test running inside: the plugin scopes each test's
+    setup, call and teardown. Its last subject calls are dropped when the test ends."""
+    token = _BOOK.set(book)
+    try:
+        yield
+    finally:
+        _BOOK.reset(token)
+        book.last_calls.clear()
+
+
+def book() -> Any:
+    """The running test's Book; RuntimeError outside a k3num pytest run."""
+    b = _BOOK.get()
+    if b is None:
+        raise RuntimeError("no k3num run: the property helpers' state lives in a pytest run with the k3num plugin")
+    return b
 
 
 def on_head() -> bool:

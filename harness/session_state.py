@@ -25,6 +25,11 @@ class Book:
     examples: dict[str, int] = field(default_factory=dict)  # node -> hypothesis examples run
     replaced: list[tuple[str, str, str]] = field(default_factory=list)  # controller: (worker, node, why) of
     #                                                                    each worker replaced after a lost context
+    # under --repro-dir (properties/support.py): each subject's last call in the running test, as (cloned args,
+    # cloned kwargs, result, args, kwargs), dropped when the test ends; the worst ratio bundled so far per
+    # (property, engine) in the run (--repro-all)
+    last_calls: dict[str, tuple] = field(default_factory=dict)
+    worst_bundled: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 BOOK = pytest.StashKey[Book]()

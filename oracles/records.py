@@ -7,7 +7,10 @@ subject with the oracle builds one with `judge`, and the session collector
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,9 +25,19 @@ PASS, FAIL, INFO = "pass", "fail", "info"
 NOT_RUN = "not-run"
 KNOWN = "known"  # a failing case inside a ledger entry's rule, recorded as such (no metric: the test judged none)
 UNJUDGED = (INFO, NOT_RUN, KNOWN)  # verdicts no ratio statistic takes in
-# set by properties.support under --repro-dir: each record then carries the compared tensors in
-# `extra` ("actual", "reference") until the bundle is written (they never reach the CSV)
-KEEP_TENSORS = False
+# under --repro-dir the plugin scopes each test in `keeping_tensors()`: each record then carries the compared
+# tensors in `extra` ("actual", "reference") until the bundle is written (they never reach the CSV)
+_KEEP_TENSORS: contextvars.ContextVar[bool] = contextvars.ContextVar("k3num_keep_tensors", default=False)
+
+
+@contextlib.contextmanager
+def keeping_tensors(keep: bool = True) -> Iterator[None]:
+    """Records judged inside keep their compared tensors in `extra` when `keep`."""
+    token = _KEEP_TENSORS.set(keep)
+    try:
+        yield
+    finally:
+        _KEEP_TENSORS.reset(token)
 
 
 @dataclass(frozen=True)
@@ -126,7 +139,7 @@ def judge(
         detail=detail,
         over_budget=m.over,
         numel=m.numel,
-        extra={"actual": actual, "reference": reference} if KEEP_TENSORS else {},
+        extra={"actual": actual, "reference": reference} if _KEEP_TENSORS.get() else {},
     )
 
 

@@ -10,7 +10,7 @@ import torch
 
 from k3num.engines.base import Engine, Subject, SubjectMissing
 from k3num.fixtures import device
-from k3num.harness import isolation, recording, run
+from k3num.harness import recording, run
 from k3num.harness.judges import LOW, round_storage, up  # noqa: F401  (the properties' names for them)
 from k3num.oracles.drift import COLLECTOR
 from k3num.oracles.metrics import describe_mismatch
@@ -21,15 +21,10 @@ DEVICE = device.resolve(_RUN.device)  # checked by the plugin before collection 
 
 
 # repro bundles (harness/repro.py): --repro-dir, --repro-all
+# (each subject's last call and the worst ratio bundled so far: the run's Book, harness/recording.book(); the
+# plugin scopes it per test and drops the test's recorded calls when it ends)
 REPRO_DIR = _RUN.repro_dir
 REPRO_ALL = _RUN.repro_all
-_LAST: dict[str, tuple] = {}  # subject -> (cloned args, cloned kwargs, result, args, kwargs) of its last call
-_WORST: dict[tuple[str, str], float] = {}  # (property, engine) -> worst ratio bundled so far (--repro-all)
-if REPRO_DIR:
-    from k3num.oracles import records as _records
-
-    _records.KEEP_TENSORS = True
-isolation.AT_FAILURE.append(_LAST.clear)  # a failed test's recorded call (clones of its inputs) is let go
 
 
 def _clone(v: object) -> object:
@@ -61,7 +56,7 @@ def subject(engine: Engine, name: str) -> Subject:
     def recorded(*args: object, **kwargs: object) -> object:
         cargs, ckw = _clone(args), {k: _clone(v) for k, v in kwargs.items()}
         result = fn(*args, **kwargs)
-        _LAST[name] = (cargs, ckw, result, args, kwargs)
+        recording.book().last_calls[name] = (cargs, ckw, result, args, kwargs)
         return result
 
     return recorded
@@ -77,7 +72,8 @@ def _bundle(record: Record, tag: str) -> None:
                                             "property", "detail", "seed", "budget", "budget_rule", "max_abs",
                                             "ratio", "verdict", "ledger")}
     meta["node_id"] = COLLECTOR.node
-    repro.write(Path(REPRO_DIR) / name, call=_LAST.get(record.subject), actual=record.extra["actual"],
+    repro.write(Path(REPRO_DIR) / name, call=recording.book().last_calls.get(record.subject),
+                actual=record.extra["actual"],
                 reference=record.extra["reference"], meta=meta)
 
 
@@ -86,9 +82,9 @@ def report(record: Record, *, climb: bool = True) -> Record:
     if REPRO_DIR and "actual" in record.extra and recording.on_head():  # k3num check: the base's pass bundles nothing
         if record.verdict == FAIL:
             _bundle(record, str(record.seed))
-        key = (record.property, record.engine)
-        if REPRO_ALL and math.isfinite(record.ratio) and record.ratio > _WORST.get(key, -1.0):
-            _WORST[key] = record.ratio
+        key, worst = (record.property, record.engine), recording.book().worst_bundled
+        if REPRO_ALL and math.isfinite(record.ratio) and record.ratio > worst.get(key, -1.0):
+            worst[key] = record.ratio
             _bundle(record, "worst")
     return recording.collect(record, climb=climb)
 

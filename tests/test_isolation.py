@@ -186,11 +186,15 @@ def test_a_failed_tests_stray_stores_into_the_oracles_cached_constants_do_not_re
     tensor in place, which is what it did.)"""
     import torch
 
+    from k3num.engines.mirror.context_kv import shared_rope_cache
     from k3num.refmodel import rope
     from k3num.refmodel.geometry import RopeSpec
 
     spec = RopeSpec(8, 10000.0, "neox", None)
     rope.inv_freq(spec).fill_(float("nan"))  # the cached tensor itself
+    shared_rope_cache(spec, 16, torch.float32, "cpu").fill_(float("nan"))  # the bf16 mirror's kept table
     assert torch.isnan(rope.inv_freq(spec)).all()  # what the next test would have read
+    assert torch.isnan(shared_rope_cache(spec, 16, torch.float32, "cpu")).all()
     isolation.release_failure()
     assert torch.isfinite(rope.inv_freq(spec)).all()
+    assert torch.isfinite(shared_rope_cache(spec, 16, torch.float32, "cpu")).all()

@@ -56,6 +56,12 @@ def _table(spec: RopeSpec, max_position: int, dtype: torch.dtype, device: str) -
 _kept_table = functools.lru_cache(maxsize=16)(_table)
 
 
+def drop_kept_tables() -> None:
+    """Forget the kept tables: a kernel under test that stored outside its buffers may have written into
+    them in device memory, as into the oracle's constants (harness/isolation.release_failure calls both)."""
+    _kept_table.cache_clear()
+
+
 def grouped_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [L, N, D], weight [L, D]: fp32 math, one rounding to x's dtype."""
     a = acc_dtype(x.dtype)

@@ -57,3 +57,69 @@ def test_no_module_imports_a_test_module() -> None:
                     if last.startswith("test_") and name.split(".")[0] in ("k3num", "properties", "tests"):
                         bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: imports {name}")
     assert not bad, "\n".join(bad)
+
+
+# Module-level containers of the runner that are mutated after import, each with why it is not the run's
+# state (a per-process cache of values that do not depend on the run, or the process's installed context).
+_PROCESS_STATE = {
+    "harness/run.py:_PROCESS": "the context the plugin installed in this process (run.install, once per process)",
+}
+_MUTATORS = ("append", "add", "update", "setdefault", "pop", "popitem", "clear", "extend", "insert", "remove",
+             "discard", "__setitem__")
+
+
+def _module_containers(path: Path) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AnnAssign) and node.value is not None else []
+        value = getattr(node, "value", None)
+        container = isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)) or (
+            isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+            and value.func.id in ("dict", "list", "set", "defaultdict", "OrderedDict", "Counter", "deque"))
+        if container:
+            out += [(node.lineno, t.id) for t in targets if isinstance(t, ast.Name)]
+    return out
+
+
+def _mutations(tree: ast.AST, name: str) -> list[int]:
+    """Lines where `name` (bare, or as an attribute `x.name`) is mutated: item assignment or deletion, augmented
+    assignment, a mutating method call, or a `global name` rebinding."""
+    def is_name(n: ast.AST) -> bool:
+        return (isinstance(n, ast.Name) and n.id == name) or (isinstance(n, ast.Attribute) and n.attr == name)
+
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+            for t in (node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]):
+                if isinstance(t, ast.Subscript) and is_name(t.value) or isinstance(node, ast.AugAssign) and is_name(t):
+                    lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS \
+                and is_name(node.func.value):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Global) and name in node.names:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_runner_module_keeps_the_runs_state_in_a_module_global() -> None:
+    """Issue 30: a run's state lives in the run (config.stash: harness/session_state.Book, the drift collector,
+    the check's state), scoped per test where a hook has no config, so a second run in one process starts
+    from its own. A module-level container of harness/ or properties/ (its helpers; the test modules' own
+    fixtures aside) that anything mutates after import must be declared above with why it is not run state."""
+    files = sorted((ROOT / "harness").rglob("*.py")) + [p for p in sorted((ROOT / "properties").rglob("*.py"))
+                                                         if not p.name.startswith("test_")]
+    trees = {p: ast.parse(p.read_text(), filename=str(p)) for p in files}
+    bad = []
+    for path in files:
+        rel = str(path.relative_to(ROOT))
+        for line, name in _module_containers(path):
+            hits = [f"{p.relative_to(ROOT)}:{n}" for p, tree in trees.items() for n in _mutations(tree, name)
+                    if p == path or len(name) > 3]  # a short name elsewhere is someone else's
+            if hits and f"{rel}:{name}" not in _PROCESS_STATE:
+                bad.append(f"{rel}:{line}: {name}, mutated at {', '.join(hits[:4])}")
+    assert not bad, "module-level state of the runner (move it into the run, or declare why it is not):\n" + \
+        "\n".join(bad)
+    for key in _PROCESS_STATE:  # every declaration still names a container that is there
+        rel, name = key.split(":")
+        assert name in [n for _, n in _module_containers(ROOT / rel)], f"{key}: declared, but no longer there"

@@ -238,8 +238,6 @@ def _aggregate(name: str, kind: str, results: list[Any], ledger: str = "") -> di
 
 NOT_THE_STEP = "not exercised by the draft step: "
 _REASONS = {
-    "K3N-003": NOT_THE_STEP + "at a non-final stage's end the float64 reference refuses the tap (vLLM 0.33.0's "
-                              "NVIDIA branch 3 raises), so there is no oracle step to compare the ROCm prefix tap with",
     "K3N-004": NOT_THE_STEP + "a race in attn_res calls that write a bank row inside the mix; the step's taps are "
                               "read-only mixtures of a target stream given as input (the target's forward, where "
                               "those calls are made, is not in the step); a GPU race besides",
@@ -255,6 +253,26 @@ _REASONS = {
     "K3N-014": NOT_THE_STEP + "the step reads the context entries, not the FP8 cache the insert writes (vLLM's "
                               "compiled insert, a GPU with `k3num build-ops`)",
 }
+
+
+def _split_tap(owner: Any, mirror: Any, case: Any) -> Any:
+    """K3N-003's case class: the target split into two PP stages after its middle tap's layer. That tap is taken
+    at the end of the first stage, a non-final one, through `owner`'s aux tap (branch 3: the ROCm tap there
+    returns the prefix). Every other tap goes through the mirror, so K3N-001/002 do not enter. The reference
+    and the noise floor take the split tap as the next stage reads it: the mixture with layer i + 1's weights,
+    the one-stage value (properties/test_aux_tap.py `test_a_stage_end_tap_taken_by_the_next_stage_...`)."""
+    from k3num.engines import base
+
+    layers = case.tap_layers()
+    split = layers[len(layers) // 2]
+    at_end, elsewhere = owner.subject(base.AUX_CAPTURE), mirror.subject(base.AUX_CAPTURE)
+
+    def tap(layer: int, prefix: Any, pending: Any, bank: Any, **kw: Any) -> Any:
+        if layer == split:
+            return at_end(layer, prefix, pending, bank, **{**kw, "end_layer": layer + 1, "is_last_rank": False})
+        return elsewhere(layer, prefix, pending, bank, **kw)
+
+    return tap
 
 
 def _cancelling(inp: Any, case: Any) -> Any:
@@ -398,7 +416,9 @@ def ledger_table(n: int, seed: int, device: str, sources: dict[str, Path], mode:
     for d in ledger.LEDGER:
         if entries is not None and d.id not in entries:
             continue
-        plan: list[tuple[str, str, Any, Any]] = []  # (role, kind, case transform, (inputs, subjects hooks) | None)
+        # (role, kind, case transform, (inputs hook (inp, case), subjects hook (case)) | None)
+        plan: list[tuple[str, str, Any, Any]] = []
+        shown: dict[str, str] = {}  # role -> the engine whose subject the row's case runs, where not the entry's
         if d.id in _REASONS:
             rows.append({"entry": d.id, "role": "case", "engine": d.engine, "severity": _REASONS[d.id]})
             continue
@@ -413,13 +433,27 @@ def ledger_table(n: int, seed: int, device: str, sources: dict[str, Path], mode:
             plan = [("case", k, lambda c: c, None) for k in both]
         elif d.id == "K3N-002":
             plan = [("case", k, lambda c: dc.replace(c, last_tap=True), None) for k in both]
+        elif d.id == "K3N-003":
+            # the control: the same call through TokenSpeed's tap, which takes a stage end's tap where the next
+            # stage's weights are (properties/test_aux_tap.py: it passes the stage-end property)
+            owners = [("case", engine, f"{engine.name} at a non-final stage's end")]
+            try:
+                ts = registry.get("tokenspeed", sources, mode)
+                owners.append(("control", ts, f"{ts.name} at a non-final stage's end"))
+                shown["control"] = ts.name
+            except registry.EngineUnavailable as e:
+                rows.append({"entry": d.id, "role": "control", "engine": "tokenspeed",
+                             "severity": f"not run: tokenspeed unavailable ({e})"[:300]})
+            for role, owner, label in owners:
+                plan += [(role, k, lambda c: c, (lambda inp, case: inp, lambda case, _o=owner, _l=label: {
+                    base.AUX_CAPTURE: (_split_tap(_o, mirror, case), _l)})) for k in both]
         elif d.id == "K3N-006":
             # the control: the same cancelling taps through one projection GEMM (the unsharded path)
             one = engine if engine.provides(base.PROJECT_UNSHARDED) else mirror
             for role, subject in (("case", (_sharded_projection(engine), "engine(sharded sum)")),
                                   ("control", (one.subject(base.PROJECT_UNSHARDED), f"{one.name}(one GEMM)"))):
                 plan += [(role, k, lambda c: dc.replace(c, taps=max(c.taps, 2)),
-                          (_cancelling, lambda _s={base.PROJECT_UNSHARDED: subject}: _s)) for k in both]
+                          (_cancelling, lambda case, _s={base.PROJECT_UNSHARDED: subject}: _s)) for k in both]
         elif d.id in ("K3N-011", "K3N-012"):
             owner = engine if engine.provides(base.CONTEXT_KV_FUSED) else mirror  # the loader is the engine's
             fused = owner.subject(base.CONTEXT_KV_FUSED)
@@ -434,7 +468,7 @@ def ledger_table(n: int, seed: int, device: str, sources: dict[str, Path], mode:
             else:
                 shapes = [("case", {"num_layers": 2})]
             plan = [(role, "dspark", lambda c, _s=shape: dc.replace(c, **_s),
-                     (hooks[0], lambda _f=fused, _h=hooks: _h[1](_f))) for role, shape in shapes]
+                     (hooks[0], lambda case, _f=fused, _h=hooks: _h[1](_f))) for role, shape in shapes]
         elif d.id == "K3N-013":
             from k3num.harness.transfer_memory import Transfer
 
@@ -443,7 +477,7 @@ def ledger_table(n: int, seed: int, device: str, sources: dict[str, Path], mode:
             for role, t in (("case", Transfer(4, 8, 4)), ("control", Transfer(8, 8, 4))):
                 subject = (_transferred(engine, t), f"engine(+ its transfer {t.label()})")
                 plan.append((role, "dflash", lambda c: dc.replace(c, kv_heads=8, num_heads=8),
-                             (lambda inp, case: inp, lambda _s={base.DRAFT_CONTEXT_KV: subject}: _s)))
+                             (lambda inp, case: inp, lambda case, _s={base.DRAFT_CONTEXT_KV: subject}: _s)))
         else:
             rows.append({"entry": d.id, "role": "case", "engine": d.engine,
                          "severity": NOT_THE_STEP + "no case class for it yet"})
@@ -455,11 +489,11 @@ def ledger_table(n: int, seed: int, device: str, sources: dict[str, Path], mode:
                 subjects = None
                 if hooks is not None:
                     inp = hooks[0](inp, case)
-                    subjects = hooks[1]()
+                    subjects = hooks[1](case)
                 results.append(draft_step.run(engine, mirror, kind, case, device, subjects=subjects, inputs=inp))
             if log:
                 log(f"[impact] {d.id} {role} {d.engine} {kind}: {len(results)} blocks")
-            rows.append({"entry": d.id, "role": role, **_aggregate(d.engine, kind, results, d.id)})
+            rows.append({"entry": d.id, "role": role, **_aggregate(shown.get(role, d.engine), kind, results, d.id)})
     return pd.DataFrame(rows)
 
 

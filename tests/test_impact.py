@@ -60,9 +60,10 @@ def test_impact_ledger_gives_every_entry_a_severity_or_the_reason_the_step_does_
     """`k3num impact --ledger`: every ledger entry has a row; an entry the step reaches is run through it with its
     case class, and its control (the same inputs through the path that is not in the entry: one projection GEMM
     for K3N-006, whole 128-row blocks for K3N-011, one attention TP on both sides of K3N-013's transfer) changes
-    no decided token, so the case row's flips are the entry's. K3N-001, filed on the token property, changes
-    decided tokens in both drafters; so does K3N-013's transfer, whose decode reads other bytes than the prefill
-    wrote."""
+    no decided token, so the case row's flips are the entry's. K3N-003's control is the same stage-end call
+    through another engine's tap (TokenSpeed's, which mixes there). K3N-001, filed on the token property,
+    changes decided tokens in both drafters; so does K3N-013's transfer, whose decode reads other bytes than
+    the prefill wrote."""
     if any(fetch.missing_files(e) for e in ("vllm", "tokenspeed", "sglang")):
         pytest.skip("vllm, tokenspeed and sglang are not fetched (k3num fetch)")
     from k3num.harness import impact
@@ -73,16 +74,19 @@ def test_impact_ledger_gives_every_entry_a_severity_or_the_reason_the_step_does_
     unrun = table[table["positions"].isna()]
     assert all(s.startswith(impact.NOT_THE_STEP) for s in unrun["severity"]), unrun.to_string()
     run = table[table["positions"].notna()]
-    assert set(run["entry"]) >= {"K3N-001", "K3N-002", "K3N-006", "K3N-011", "K3N-012", "K3N-013"}
+    assert set(run["entry"]) >= {"K3N-001", "K3N-002", "K3N-003", "K3N-006", "K3N-011", "K3N-012", "K3N-013"}
     controls = run[run["role"] == "control"]
-    assert set(controls["entry"]) == {"K3N-006", "K3N-011", "K3N-013"}
+    assert set(controls["entry"]) == {"K3N-003", "K3N-006", "K3N-011", "K3N-013"}
     assert (controls["diverged"] == 0).all() and (controls["worst_err_over_delta"] < 1).all(), controls.to_string()
     k001 = run[run["entry"] == "K3N-001"]
     assert sorted(k001["drafter"]) == ["dflash", "dspark"] and (k001["severity"] == impact.CHANGES).all()
     k013 = run[(run["entry"] == "K3N-013") & (run["role"] == "case")]
     assert list(k013["drafter"]) == ["dflash"] and (k013["severity"] == impact.CHANGES).all(), k013.to_string()
     assert "transfer P TP4 -> D TP8" in k013["paths"].iloc[0]
-    for entry in ("K3N-006", "K3N-011"):
+    k003 = run[run["entry"] == "K3N-003"]
+    assert set(zip(k003["role"], k003["engine"])) == {("case", "vllm-rocm"), ("control", "tokenspeed")}
+    assert (k003["paths"].str.contains("at a non-final stage's end")).all(), k003.to_string()
+    for entry in ("K3N-003", "K3N-006", "K3N-011"):
         rows = run[run["entry"] == entry]
         worst = rows.groupby("role")["worst_err_over_delta"].max()
         assert worst["case"] > 1 > worst["control"], rows.to_string()

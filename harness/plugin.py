@@ -449,6 +449,14 @@ def worker_id(config: pytest.Config) -> str:
     return str(getattr(config, "workerinput", {}).get("workerid", ""))
 
 
+def shares_its_gpu(config: pytest.Config) -> bool:
+    """Whether this xdist worker shares its GPU with other workers (K3NUM_WORKERS_PER_GPU > 1, or more workers
+    than GPUs): then the memory PyTorch caches after a test is memory the others cannot have."""
+    gpus = [g for g in (env.get("K3NUM_GPUS") or "").split(",") if g]
+    count = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    return bool(worker_id(config)) and bool(gpus) and count > len(gpus)
+
+
 def _csv_target(config: pytest.Config) -> str | None:
     """Where this process writes its records: the --drift-csv path, or a worker's partial file beside it."""
     path = config.getoption("--drift-csv")

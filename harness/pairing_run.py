@@ -130,7 +130,7 @@ def base_for(config: pytest.Config, head: Engine) -> Engine:
         if spec.startswith("engine:"):
             built = registry.build(spec.split(":", 1)[1])
         else:
-            from k3num.harness.plugin import RUN
+            from k3num.harness.session_state import RUN
 
             ctx = config.stash[RUN].with_source(head.name.split("-")[0],
                                                 None if spec == "pinned" else Path(spec).resolve())

@@ -6,7 +6,7 @@ that was never installed the root conftest.py loads it. `-p no:k3num` turns it o
 
 It is careful in a foreign test suite (an engine's own CI, where the package is installed): the
 ledger's strict xfails, the `gpu` skips and the `dev` profile apply to the harness's own tests
-only (`_ours`), the `engine` parametrization only to tests that use this plugin's `engine`
+only (`run_scope.ours`), the `engine` parametrization only to tests that use this plugin's `engine`
 fixture, and a profile is loaded only when asked for or when the session holds tests of ours.
 
 Profiles (pick with --hypothesis-profile NAME; default "dev"):
@@ -27,7 +27,6 @@ is first imported anywhere): there the engines' Triton kernels can only run unde
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from pathlib import Path
@@ -52,7 +51,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import InvalidArgument
 
 from k3num.engines import registry
-from k3num.harness import accounting, isolation, run
+from k3num.harness import accounting, isolation, run, run_scope
 from k3num.harness import session_state as state
 from k3num.oracles import drift, ledger
 
@@ -97,33 +96,7 @@ MARKERS = (
 )
 
 
-RUN = pytest.StashKey[run.RunContext]()  # the run's context (harness/run.py), built in pytest_configure
-
-
-@functools.cache
-def _own_dirs() -> tuple[str, ...]:
-    """The folders whose tests are the harness's own: the installed (or linked) property package, and,
-    in a checkout, the repository (its tests/ and properties/)."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.find_spec("k3num.properties")
-    dirs = [Path(p).resolve() for p in (spec.submodule_search_locations or [])] if spec else []
-    # your own tests written against k3num.api: the ledger, the gpu skips and the isolation apply there too
-    dirs += [Path(p).expanduser().resolve() for p in (env.get("K3NUM_OWN_TESTS") or "").split(os.pathsep) if p]
-    checkout = Path(__file__).resolve().parents[1]
-    if (checkout / "pyproject.toml").is_file() and (checkout / "k3num").is_dir():
-        dirs.append(checkout)
-    return tuple(str(d) + os.sep for d in dirs)
-
-
-def _ours(item: pytest.Item) -> bool:
-    """Whether a collected test is one of the harness's own (see the module docstring)."""
-    return _own_path(str(getattr(item, "path", "") or ""))
-
-
-def _own_path(path: str) -> bool:
-    return bool(path) and any(os.path.realpath(path).startswith(d) for d in _own_dirs())
+RUN = state.RUN  # the run's context (harness/run.py), built in pytest_configure
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -247,7 +220,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """An unknown --engine is a usage error before collection (here, once every plugin's pytest_configure
     has registered its engines: tests.mutants registers its own)."""
     if not hasattr(session.config, "workerinput"):
-        _engine_names(session.config)
+        run_scope.engine_names(session.config)
 
 
 def _unwritable(folder: Path) -> str:
@@ -275,10 +248,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
     config.stash[state.STARTED] = datetime.datetime.now(datetime.timezone.utc)
     csv = config.getoption("--drift-csv")
-    if csv and _is_controller(config):  # partial files of an earlier run must not join this one
+    if csv and run_scope.is_controller(config):  # partial files of an earlier run must not join this one
         for p in scaleout.partial_paths(csv):
             p.unlink()
-    if _is_controller(config) and not env.get("K3NUM_RUNDIR"):  # before xdist starts workers
+    if run_scope.is_controller(config) and not env.get("K3NUM_RUNDIR"):  # before xdist starts workers
         import tempfile
 
         env.put("K3NUM_RUNDIR", tempfile.mkdtemp(prefix="k3num-run-"))
@@ -345,19 +318,6 @@ def k3num_run(request: pytest.FixtureRequest) -> run.RunContext:
     return request.config.stash[RUN]
 
 
-def _engine_names(config: pytest.Config) -> list[str]:
-    """The engines --engine names (the defaults without it); a UsageError naming any unknown one."""
-    opt = config.getoption("--engine")
-    if not opt:
-        return registry.defaults()
-    names = [n.strip() for n in opt.split(",") if n.strip()]
-    unknown = [n for n in names if n not in registry.known()]
-    if unknown:
-        raise pytest.UsageError(f"--engine {opt}: unknown engine(s) {', '.join(unknown)}; known: "
-                                f"{', '.join(registry.known())}")
-    return names
-
-
 def _uses_our_engine_fixture(metafunc: pytest.Metafunc) -> bool:
     """Whether the test's `engine` argument is this plugin's fixture (a foreign suite may have its own)."""
     defs = getattr(getattr(metafunc.definition, "_fixtureinfo", None), "name2fixturedefs", {}).get("engine")
@@ -369,7 +329,7 @@ def _uses_our_engine_fixture(metafunc: pytest.Metafunc) -> bool:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "engine" in metafunc.fixturenames and _uses_our_engine_fixture(metafunc):
-        names = _engine_names(metafunc.config)
+        names = run_scope.engine_names(metafunc.config)
         metafunc.parametrize("engine", names, ids=names, indirect=True, scope="session")
     n = metafunc.config.stash[RUN].shards
     if n > 1 and "shard" in metafunc.fixturenames and metafunc.definition.get_closest_marker("shardable"):
@@ -439,28 +399,10 @@ def _ledger_context(request: pytest.FixtureRequest):
     collector.ledger = collector.node = ""
 
 
-def _is_controller(config: pytest.Config) -> bool:
-    """Whether this process hands the tests to pytest-xdist workers (and runs none itself)."""
-    return not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no"
-
-
-def worker_id(config: pytest.Config) -> str:
-    """This process's xdist worker name (gw0, gw1, ...), "" where it is no worker."""
-    return str(getattr(config, "workerinput", {}).get("workerid", ""))
-
-
-def shares_its_gpu(config: pytest.Config) -> bool:
-    """Whether this xdist worker shares its GPU with other workers (K3NUM_WORKERS_PER_GPU > 1, or more workers
-    than GPUs): then the memory PyTorch caches after a test is memory the others cannot have."""
-    gpus = [g for g in (env.get("K3NUM_GPUS") or "").split(",") if g]
-    count = int(getattr(config, "workerinput", {}).get("workercount", 1))
-    return bool(worker_id(config)) and bool(gpus) and count > len(gpus)
-
-
 def _csv_target(config: pytest.Config) -> str | None:
     """Where this process writes its records: the --drift-csv path, or a worker's partial file beside it."""
     path = config.getoption("--drift-csv")
-    worker = worker_id(config)
+    worker = run_scope.worker_id(config)
     if path and worker:
         return str(scaleout.partial_path(path, worker))
     return path
@@ -484,7 +426,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     rep = outcome.get_result()
     if rep.when == "call" or (rep.when == "setup" and rep.outcome != "passed"):
         item.stash[state.OUTCOME] = rep.outcome
-    if not _ours(item):
+    if not run_scope.ours(item):
         return
     if rep.skipped and isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3:
         # hypothesis appends "Failing explicit example: ..." to a skip raised inside an @example: a skip
@@ -518,14 +460,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(config, "workerinput"):  # an xdist worker: its records stay in its partial file
         if _csv_target(config):
             collector.write_csv(_csv_target(config))
-        config.workeroutput["k3num_bound"] = _bound()  # type: ignore[attr-defined]
+        config.workeroutput["k3num_bound"] = run_scope.bound_engines()  # type: ignore[attr-defined]
         config.workeroutput["k3num_gpu"] = env.get("CUDA_VISIBLE_DEVICES") or ""  # type: ignore[attr-defined]
         config.workeroutput["k3num_examples"] = dict(state.book(config).examples)  # type: ignore[attr-defined]
         return
     path = config.getoption("--drift-csv")
     if not path:
         return
-    if _is_controller(config):  # merge every worker's partial file into the one CSV, then drop them
+    if run_scope.is_controller(config):  # merge every worker's partial file into the one CSV, then drop them
         import pandas as pd
 
         from k3num.oracles.drift import COLUMNS, read_csv
@@ -544,7 +486,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         _link_latest(config, path)
         return
     written = collector.write_csv(path)
-    _write_meta(config, path, state.book(config).examples, list(_bound().values()))
+    _write_meta(config, path, state.book(config).examples, list(run_scope.bound_engines().values()))
     config.stash[state.CSV] = (written, len(collector.records))
     _link_latest(config, path)
 
@@ -558,7 +500,7 @@ def _resolve_drift_dir(config: pytest.Config) -> None:
         return
     if config.getoption("--drift-csv"):
         raise pytest.UsageError("--drift-dir and --drift-csv: give one (--drift-csv names the file itself)")
-    if worker_id(config) and env.get("K3NUM_RUN_CSV"):  # the controller's choice, for its xdist workers
+    if run_scope.worker_id(config) and env.get("K3NUM_RUN_CSV"):  # the controller's choice, for its xdist workers
         config.option.drift_csv = env.get("K3NUM_RUN_CSV")
         return
     import datetime
@@ -671,12 +613,6 @@ def _write_meta(config: pytest.Config, csv: str, examples: dict[str, int], bound
     os.replace(tmp, target)
 
 
-def _bound() -> dict[str, str]:
-    """name -> 'name version: mode (note)' of every engine this process built, the mirror included."""
-    return {e.name: f"{e.name} {e.version}: {e.mode}" + (f" ({e.mode_note})" if e.mode_note else "")
-            for e in registry.built()}
-
-
 def _checkpoint_hits(ctx: run.RunContext, entry_id: str) -> bool:
     """Whether the run's checkpoint (none: no) is inside the entry's checkpoint rule."""
     from k3num.fixtures import checkpoint
@@ -691,7 +627,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from k3num.supply import installed
     from k3num.supply.fetch import PINS, pinned_files
 
-    ours = [item for item in items if _ours(item)]
+    ours = [item for item in items if run_scope.ours(item)]
     if ours and not config.getoption("hypothesis_profile", None):
         settings.load_profile(DEFAULT_PROFILE)
     _split_budgets(config, ours)

@@ -13,7 +13,7 @@ import torch
 
 from k3num.harness import isolation
 from k3num.harness import session_state as state
-from k3num.harness.plugin import _ours, shares_its_gpu, worker_id
+from k3num.harness.run_scope import ours, shares_its_gpu, worker_id
 from k3num.oracles.records import not_run as not_run_record
 from k3num.supply import env
 
@@ -53,14 +53,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     """After a failed test of ours (and after the plugin's own teardown wrote the drift CSV): release what
     it keeps alive, and stop this process if its CUDA context is lost."""
-    if item.stash.get(state.OUTCOME, "") == "failed" and _ours(item):
+    if item.stash.get(state.OUTCOME, "") == "failed" and ours(item):
         isolation.release_failure()
         why = isolation.context_lost()
         if why:
             _context_lost(item, why)
     if item.config.stash.get(state.LOST, None) and worker_id(item.config):
         _replace_this_worker(item.config)
-    elif shares_its_gpu(item.config) and _ours(item):
+    elif shares_its_gpu(item.config) and ours(item):
         _return_cached_memory()
 
 
@@ -122,7 +122,7 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched) -> 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A test of ours in a process whose CUDA context is lost is not run, and says so (isolation.LOST)."""
     lost = item.config.stash.get(state.LOST, None)
-    if lost is None or not _ours(item):
+    if lost is None or not ours(item):
         return
     node, why = lost
     callspec = getattr(item, "callspec", None)

@@ -12,7 +12,7 @@ import pytest
 from k3num.engines import registry
 from k3num.harness import accounting, scaleout
 from k3num.harness import session_state as state
-from k3num.harness.plugin import _bound, _engine_names, _is_controller, _ours, _own_path
+from k3num.harness.run_scope import bound_engines, engine_names, is_controller, ours, own_path
 from k3num.oracles.drift import SM100_NOTE, covers_vllm_attn_res, summarize
 from k3num.oracles.records import NOT_RUN
 
@@ -50,13 +50,13 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
     root = str(node.config.rootpath)
-    state.book(node.config).collected.update(i for i in ids if _own_path(os.path.join(root, i.split("::")[0])))
+    state.book(node.config).collected.update(i for i in ids if own_path(os.path.join(root, i.split("::")[0])))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """What this run means to run of ours: the items left after deselection (-k, -m)."""
-    if not hasattr(session.config, "workerinput") and not _is_controller(session.config):
-        state.book(session.config).collected.update(item.nodeid for item in session.items if _ours(item))
+    if not hasattr(session.config, "workerinput") and not is_controller(session.config):
+        state.book(session.config).collected.update(item.nodeid for item in session.items if ours(item))
 
 
 def _outcomes(config: pytest.Config) -> list[accounting.Outcome]:
@@ -73,9 +73,7 @@ def _named_engines(config: pytest.Config) -> list[str]:
     opt = config.getoption("--engine")
     if opt:
         return [n.strip() for n in opt.split(",") if n.strip()]
-    from k3num.harness.plugin import RUN
-
-    pins = set(config.stash[RUN].sources)
+    pins = set(config.stash[state.RUN].sources)
     return [n for n in registry.known() if n.split("-")[0] in pins]
 
 
@@ -147,10 +145,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     for worker, node, why in book.replaced:
         tw.line(f"xdist worker {worker} lost its CUDA context after {node} ({why}): replaced, its queue went to "
                 "the other workers")
-    bound = config.stash.get(state.BOUND, {}) if _is_controller(config) else _bound()
+    bound = config.stash.get(state.BOUND, {}) if is_controller(config) else bound_engines()
     if book.account:
         tw.line("engines (how each was bound: tests run, skipped, known divergences):")
-        for line in accounting.engine_lines(outcomes, bound, _engine_names(config)):
+        for line in accounting.engine_lines(outcomes, bound, engine_names(config)):
             tw.line(f"  {line}")
     for name, why in config.stash.get(state.EMPTY, []):
         tw.line(f"ERROR: engine {name} was asked for and ran no test: {why}", red=True)

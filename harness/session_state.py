@@ -11,6 +11,9 @@ from typing import Any
 
 import pytest
 
+from k3num.harness import run
+
+RUN = pytest.StashKey[run.RunContext]()  # the run's context (harness/run.py), built in pytest_configure
 
 @dataclass
 class Book:

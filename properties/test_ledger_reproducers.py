@@ -15,7 +15,7 @@ import pytest
 from k3num import properties
 from k3num.engines import registry
 from k3num.harness.ledger_cases import CASES
-from k3num.harness.plugin import _engine_names
+from k3num.harness.run_scope import engine_names as _engine_names
 from k3num.oracles import ledger, records
 from k3num.oracles.drift import COLLECTOR
 from k3num.supply import fetch, installed

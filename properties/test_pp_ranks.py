@@ -15,7 +15,7 @@ import pytest
 
 from k3num.engines import registry
 from k3num.harness import pp_ranks
-from k3num.harness.plugin import _engine_names
+from k3num.harness.run_scope import engine_names as _engine_names
 from k3num.properties.support import DEVICE
 
 

@@ -41,7 +41,8 @@ VARS: dict[str, Var] = {
     # a machine's setting
     "K3NUM_ENGINE_CACHE": Var("where the pinned engine files are extracted", ("supply/fetch.py",)),
     # what the xdist controller decides at run time and hands its workers
-    "K3NUM_GPUS": Var("the GPUs the controller's workers share", ("harness/plugin.py",), ("harness/plugin.py",)),
+    "K3NUM_GPUS": Var("the GPUs the controller's workers share", ("harness/plugin.py", "harness/run_scope.py"),
+                      ("harness/plugin.py",)),
     "K3NUM_WORKERS_PER_GPU": Var("workers per GPU under -n auto", ("harness/plugin.py",)),
     "K3NUM_RUN_CSV": Var("--drift-dir's file, chosen once by the controller", ("harness/plugin.py",),
                          ("harness/plugin.py",)),
@@ -49,7 +50,8 @@ VARS: dict[str, Var] = {
                         ("harness/plugin.py", "harness/run_isolation.py"), ("harness/plugin.py",)),
     "K3NUM_MEMORY_LOG": Var("a file each test's CUDA memory is logged to (scripts/gpu_isolation.py)",
                             ("harness/run_isolation.py",)),
-    "K3NUM_OWN_TESTS": Var("more folders whose tests the plugin treats as the harness's own", ("harness/plugin.py",)),
+    "K3NUM_OWN_TESTS": Var("more folders whose tests the plugin treats as the harness's own",
+                           ("harness/run_scope.py",)),
     # pytest-xdist's, CUDA's, Triton's and torch's own
     "PYTEST_XDIST_WORKER": Var("this process is an xdist worker (xdist sets it)", ("harness/plugin.py",)),
     "CUDA_VISIBLE_DEVICES": Var("the GPUs CUDA shows this process", ("harness/plugin.py",), ("harness/plugin.py",)),

@@ -123,3 +123,16 @@ def test_no_runner_module_keeps_the_runs_state_in_a_module_global() -> None:
     for key in _PROCESS_STATE:  # every declaration still names a container that is there
         rel, name = key.split(":")
         assert name in [n for _, n in _module_containers(ROOT / rel)], f"{key}: declared, but no longer there"
+
+
+def test_the_plugins_halves_import_no_private_name_of_another_module() -> None:
+    """Issue 30: plugin.py's halves (run_summary, run_isolation, ledger_run, pairing_run) once imported the
+    plugin's private helpers back; what they share is public in harness/run_scope.py and session_state.py."""
+    bad = []
+    for path in sorted((ROOT / "harness").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("k3num.") and node.level == 0:
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                if private:
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.module} {', '.join(private)}")
+    assert not bad, "\n".join(bad)

@@ -45,18 +45,18 @@ def test_a_worker_shares_its_gpu_when_more_workers_than_gpus_run(monkeypatch):
     name and count come from xdist's workerinput, not from a variable a child process would inherit."""
     import types
 
-    from k3num.harness import plugin
+    from k3num.harness import run_scope
 
     def worker(n: int, count: int):
         return types.SimpleNamespace(workerinput={"workerid": f"gw{n}", "workercount": count})
 
     monkeypatch.setenv("K3NUM_GPUS", "0,1")
-    assert plugin.shares_its_gpu(worker(3, 8)) and plugin.shares_its_gpu(worker(0, 3))
-    assert not plugin.shares_its_gpu(worker(1, 2)) and not plugin.shares_its_gpu(types.SimpleNamespace())
+    assert run_scope.shares_its_gpu(worker(3, 8)) and run_scope.shares_its_gpu(worker(0, 3))
+    assert not run_scope.shares_its_gpu(worker(1, 2)) and not run_scope.shares_its_gpu(types.SimpleNamespace())
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw5")  # inherited by a child pytest: no worker for that
-    assert plugin.worker_id(types.SimpleNamespace()) == ""
+    assert run_scope.worker_id(types.SimpleNamespace()) == ""
     monkeypatch.delenv("K3NUM_GPUS")  # a CPU run: no GPU to share
-    assert not plugin.shares_its_gpu(worker(3, 8))
+    assert not run_scope.shares_its_gpu(worker(3, 8))
 
 
 def test_partial_files_sit_beside_the_csv_in_worker_order(tmp_path):

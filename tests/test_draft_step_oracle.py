@@ -160,3 +160,18 @@ def test_a_drift_within_the_tensor_budget_flips_no_decided_token(tmp_path) -> No
                         "--hypothesis-profile=ci"],
                        cwd=root, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and "4 passed" in r.stdout, r.stdout[-3000:]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_one_pass_weight_draw_draws_the_two_pass_values_bit_for_bit(dtype) -> None:
+    """draft_step_inputs draws its weights with Draw.normal_as (the scale and the rounding in one pass, GPU run 66:
+    the K3-geometry draw 0.034-0.043 s -> 0.022-0.029 s); the values must be normal(...).to(dtype)'s, or every
+    drawn case would change (scripts/draw_identity.py checks the same on a GPU)."""
+    from k3num.fixtures.tensors import Draw
+
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    for seed in (0, 7):
+        for shape, scale in (((64, 48), 48**-0.5), ((3, 257, 129), 10.0 * 129**-0.5), ((5,), 1.0)):
+            two = Draw(seed).normal(shape, scale).to(dtype)
+            one = Draw(seed).normal_as(shape, scale, dtype)
+            assert one.dtype == dtype and torch.equal(one.view(bits), two.view(bits)), (seed, shape)

@@ -37,7 +37,7 @@ from k3num.supply import env
 # pytest-xdist: each worker sees one GPU, chosen before CUDA starts in this process (the controller
 # exported the GPUs it may use; see harness/scaleout.py). Only this choice reads the worker's name from
 # the environment, because it must come before anything can start CUDA. Everything else asks the config
-# (`worker_id`): a pytest that a worker's test starts inherits the variable, but is no worker.
+# (`run_scope.worker_id`): a pytest that a worker's test starts inherits the variable, but is no worker.
 _WORKER = env.get("PYTEST_XDIST_WORKER")
 if _WORKER and env.get("K3NUM_GPUS"):
     if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():

@@ -28,7 +28,9 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
 def rope_cache(spec: RopeSpec, max_position: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """vLLM-style cache [P, rotary_dim] = [cos | sin], angles t * inv_freq evaluated in `dtype` (on the CPU, so
     every device holds the same bits). A new tensor each call: it may be handed to an engine's kernel."""
-    return shared_rope_cache(spec, max_position, dtype, device).clone()
+    if not _keeps(spec, max_position):
+        return _table(spec, max_position, dtype, str(torch.device(device)))  # built for this call alone
+    return _kept_table(spec, max_position, dtype, str(torch.device(device))).clone()
 
 
 # tables up to this many elements are kept per (spec, P, dtype, device): 4-8 MB each, 16 of them at most
@@ -40,9 +42,13 @@ def shared_rope_cache(spec: RopeSpec, max_position: int, dtype: torch.dtype,
     """`rope_cache`'s table, the same tensor for the same arguments: read-only, for the mirror's own reads
     (indexing it makes new tensors). Building a table costs host-side cos/sin and a host-to-device copy that
     waits for the device's queue; a draft step reads one table about 2L times."""
-    if max_position * spec.rotary_dim > _SHARED_MAX_ELEMENTS:
+    if not _keeps(spec, max_position):
         return _table(spec, max_position, dtype, str(torch.device(device)))
     return _kept_table(spec, max_position, dtype, str(torch.device(device)))
+
+
+def _keeps(spec: RopeSpec, max_position: int) -> bool:
+    return max_position * spec.rotary_dim <= _SHARED_MAX_ELEMENTS
 
 
 def _table(spec: RopeSpec, max_position: int, dtype: torch.dtype, device: str) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """`k3num impact`: what each engine's K3 paths do to the draft's proposed tokens, per (engine, drafter).
 
     k3num impact [--engine E[,E...]] [--engine-src E=PATH] [--device D] [--cases N] [--seed S] [--format md|csv]
-    k3num impact --ledger [--engine-src E=PATH] [--device D] [--cases N] [--seed S] [--format md|csv]
+    k3num impact --ledger [--entry K3N-NNN[,...]] [--engine-src E=PATH] [--device D] [--cases N] [--seed S]
+                 [--format md|csv]
     k3num impact --activations FILE [--engine E[,E...]] [--device D] [--cases N] ...
     k3num impact --checkpoint DIR [--lm-head DIR] [--activations FILE] [--engine E[,E...]] ...
     k3num impact --geometry k3 [--engine E[,E...]] [--device cuda] [--cases N] ...
@@ -46,6 +47,7 @@ drafter with the counts and a severity; an entry the step does not reach gets on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import sys
 from pathlib import Path
@@ -238,21 +240,15 @@ def _aggregate(name: str, kind: str, results: list[Any], ledger: str = "") -> di
 
 NOT_THE_STEP = "not exercised by the draft step: "
 _REASONS = {
-    "K3N-004": NOT_THE_STEP + "a race in attn_res calls that write a bank row inside the mix; the step's taps are "
-                              "read-only mixtures of a target stream given as input (the target's forward, where "
-                              "those calls are made, is not in the step); a GPU race besides",
-    "K3N-005": NOT_THE_STEP + "as K3N-004 (the ROCm kernel)",
-    "K3N-007": NOT_THE_STEP + "a race in attn_res calls with a delta; the step's taps are read-only mixtures of a "
-                              "target stream given as input; a GPU race besides",
     "K3N-008": NOT_THE_STEP + "SGLang's model aggregation is the target's AttnRes forward, given to the step as its "
                               "stream state (SGLang binds no aux tap); and at K3's hidden 7168 (7 x 1024) the "
                               "unguarded path the entry needs (hidden % 1024 != 0) is not taken",
-    "K3N-009": NOT_THE_STEP + "the model's calls stay inside the bank; the finding needs a caller that sizes the bank "
-                              "wrong",
-    "K3N-010": NOT_THE_STEP + "as K3N-009 (the ROCm kernel)",
-    "K3N-014": NOT_THE_STEP + "the step reads the context entries, not the FP8 cache the insert writes (vLLM's "
-                              "compiled insert, a GPU with `k3num build-ops`)",
 }
+# the entries whose case class is a race (harness/impact_kernels.py): run on a GPU only
+RACES = ("K3N-004", "K3N-005", "K3N-007")
+NO_RACE_ON_CPU = ("not run on cpu: a race, and the Triton interpreter runs a kernel's programs one after another "
+                  "(run with --device cuda)")
+NO_OPS = "not run: vLLM's compiled FP8 insert is not built here (`k3num build-ops` on a CUDA GPU)"
 
 
 def _split_tap(owner: Any, mirror: Any, case: Any) -> Any:
@@ -400,12 +396,7 @@ def ledger_table(n: int, seed: int, device: str, sources: dict[str, Path], mode:
                  log=None) -> pd.DataFrame:
     """One row per ledger entry and drafter it reaches: the entry's case class through the step on its engine,
     with a severity; an entry the step does not reach says why in `severity`."""
-    import dataclasses as dc
-
-    from k3num.engines import base, registry
-    from k3num.fixtures.builders import draft_step_inputs
-    from k3num.harness import draft_step
-    from k3num.harness.judges import LOW
+    from k3num.engines import registry
     from k3num.oracles import ledger
 
     unknown = sorted(set(entries or ()) - {d.id for d in ledger.LEDGER})
@@ -413,88 +404,162 @@ def ledger_table(n: int, seed: int, device: str, sources: dict[str, Path], mode:
         raise ValueError(f"no ledger entry {', '.join(unknown)}")
     mirror = registry.get("mirror")
     rows: list[dict[str, Any]] = []
-    for d in ledger.LEDGER:
-        if entries is not None and d.id not in entries:
-            continue
-        # (role, kind, case transform, (inputs hook (inp, case), subjects hook (case)) | None)
-        plan: list[tuple[str, str, Any, Any]] = []
-        shown: dict[str, str] = {}  # role -> the engine whose subject the row's case runs, where not the entry's
-        if d.id in _REASONS:
-            rows.append({"entry": d.id, "role": "case", "engine": d.engine, "severity": _REASONS[d.id]})
-            continue
-        try:
-            engine = registry.get(d.engine, sources, mode)
-        except registry.EngineUnavailable as e:
-            rows.append({"entry": d.id, "role": "case", "engine": d.engine,
-                         "severity": f"not run: {d.engine} unavailable ({e})"[:300]})
-            continue
-        both = ("dspark", "dflash")
-        if d.id == "K3N-001":
-            plan = [("case", k, lambda c: c, None) for k in both]
-        elif d.id == "K3N-002":
-            plan = [("case", k, lambda c: dc.replace(c, last_tap=True), None) for k in both]
-        elif d.id == "K3N-003":
-            # the control: the same call through TokenSpeed's tap, which takes a stage end's tap where the next
-            # stage's weights are (properties/test_aux_tap.py: it passes the stage-end property)
-            owners = [("case", engine, f"{engine.name} at a non-final stage's end")]
-            try:
-                ts = registry.get("tokenspeed", sources, mode)
-                owners.append(("control", ts, f"{ts.name} at a non-final stage's end"))
-                shown["control"] = ts.name
-            except registry.EngineUnavailable as e:
-                rows.append({"entry": d.id, "role": "control", "engine": "tokenspeed",
-                             "severity": f"not run: tokenspeed unavailable ({e})"[:300]})
-            for role, owner, label in owners:
-                plan += [(role, k, lambda c: c, (lambda inp, case: inp, lambda case, _o=owner, _l=label: {
-                    base.AUX_CAPTURE: (_split_tap(_o, mirror, case), _l)})) for k in both]
-        elif d.id == "K3N-006":
-            # the control: the same cancelling taps through one projection GEMM (the unsharded path)
-            one = engine if engine.provides(base.PROJECT_UNSHARDED) else mirror
-            for role, subject in (("case", (_sharded_projection(engine), "engine(sharded sum)")),
-                                  ("control", (one.subject(base.PROJECT_UNSHARDED), f"{one.name}(one GEMM)"))):
-                plan += [(role, k, lambda c: dc.replace(c, taps=max(c.taps, 2)),
-                          (_cancelling, lambda case, _s={base.PROJECT_UNSHARDED: subject}: _s)) for k in both]
-        elif d.id in ("K3N-011", "K3N-012"):
-            owner = engine if engine.provides(base.CONTEXT_KV_FUSED) else mirror  # the loader is the engine's
-            fused = owner.subject(base.CONTEXT_KV_FUSED)
-            hooks = (_merged_loader_fp8 if d.id == "K3N-011" else _merged_loader_nvfp4)(
-                engine, "engine" if owner is engine else "mirror")
-            if d.id == "K3N-011":
-                # the K3 width: 576 rows per layer (4.5 blocks of 128) and three layers, the middle one misplaced
-                # (with two layers vLLM's loader raises instead: the second shard's scales overrun); the control:
-                # 512 rows, whole blocks, which load right
-                shapes = [("case", {"kv_lora": 576 - 8, "num_layers": 3}),
-                          ("control", {"kv_lora": 512 - 8, "num_layers": 3})]
-            else:
-                shapes = [("case", {"num_layers": 2})]
-            plan = [(role, "dspark", lambda c, _s=shape: dc.replace(c, **_s),
-                     (hooks[0], lambda case, _f=fused, _h=hooks: _h[1](_f))) for role, shape in shapes]
-        elif d.id == "K3N-013":
-            from k3num.harness.transfer_memory import Transfer
-
-            # K3's DFlash draft: 8 KV heads; a prefill at attention TP 4 (2 heads a rank) and a decode at TP 8
-            # (1 a rank), pages 4 tokens, prefill page p to decode page p + 2 (seed 003); the control: both TP 8
-            for role, t in (("case", Transfer(4, 8, 4)), ("control", Transfer(8, 8, 4))):
-                subject = (_transferred(engine, t), f"engine(+ its transfer {t.label()})")
-                plan.append((role, "dflash", lambda c: dc.replace(c, kv_heads=8, num_heads=8),
-                             (lambda inp, case: inp, lambda case, _s={base.DRAFT_CONTEXT_KV: subject}: _s)))
-        else:
-            rows.append({"entry": d.id, "role": "case", "engine": d.engine,
-                         "severity": NOT_THE_STEP + "no case class for it yet"})
-            continue
-        for role, kind, shape, hooks in plan:
-            results = []
-            for case in (shape(c) for c in sample_cases(kind, n, seed)):
-                inp = draft_step_inputs(case, LOW, device)
-                subjects = None
-                if hooks is not None:
-                    inp = hooks[0](inp, case)
-                    subjects = hooks[1](case)
-                results.append(draft_step.run(engine, mirror, kind, case, device, subjects=subjects, inputs=inp))
-            if log:
-                log(f"[impact] {d.id} {role} {d.engine} {kind}: {len(results)} blocks")
-            rows.append({"entry": d.id, "role": role, **_aggregate(shown.get(role, d.engine), kind, results, d.id)})
+    with contextlib.ExitStack() as stack:  # the fixed trees the race controls read
+        for d in ledger.LEDGER:
+            if entries is None or d.id in entries:
+                _entry_rows(d, n, seed, device, sources, mode, mirror, rows, stack, log)
     return pd.DataFrame(rows)
+
+
+def _fixed_engine(entry: str, name: str, sources: dict[str, Path], mode: str, stack: Any) -> tuple[Any, str]:
+    """(engine `name` read from a copy of its files with the entry's fix applied (harness/fixes.py), None) or
+    (None, why not). The copy lives as long as `stack`. A local tree given for the pin is not what the fix
+    patches: the control then does not run."""
+    import tempfile
+
+    from k3num.engines import registry
+    from k3num.harness import fixes
+
+    fix = next((f for f in fixes.FIXES if entry in f.id.replace("/", "/K3N-").split("/")), None)
+    if fix is None:
+        return None, f"not run: no fix for {entry} in harness/fixes.py"
+    if fix.engine in sources:
+        return None, f"not run: --engine-src {fix.engine} is given, and the fix patches the pinned files"
+    try:
+        tree = fixes.patched_tree(fix, Path(stack.enter_context(tempfile.TemporaryDirectory())) / "fixed")
+        return registry.build(name, {**sources, fix.engine: tree}, mode), ""
+    except (fixes.FixError, registry.EngineUnavailable) as e:
+        return None, f"not run: the fixed {name} ({e})"[:300]
+
+
+def _entry_rows(d: Any, n: int, seed: int, device: str, sources: dict[str, Path], mode: str, mirror: Any,
+                rows: list[dict[str, Any]], stack: Any, log: Any) -> None:
+    """`ledger_table`'s rows of entry `d`, appended to `rows`."""
+    import dataclasses as dc
+
+    from k3num.engines import base, registry
+    from k3num.fixtures.builders import draft_step_inputs
+    from k3num.harness import draft_step
+    from k3num.harness import impact_kernels as kernels
+    from k3num.harness.judges import LOW
+
+    # (role, kind, case transform, (inputs hook (inp, case), subjects hook (case)) | None)
+    plan: list[tuple[str, str, Any, Any]] = []
+    counts: dict[tuple[str, str], Any] = {}  # (role, kind) -> (impact_kernels.Raced, a race?)
+    shown: dict[str, str] = {}  # role -> the engine whose subject the row's case runs, where not the entry's
+    if d.id in _REASONS:
+        rows.append({"entry": d.id, "role": "case", "engine": d.engine, "severity": _REASONS[d.id]})
+        return
+    try:
+        engine = registry.get(d.engine, sources, mode)
+    except registry.EngineUnavailable as e:
+        rows.append({"entry": d.id, "role": "case", "engine": d.engine,
+                     "severity": f"not run: {d.engine} unavailable ({e})"[:300]})
+        return
+    both = ("dspark", "dflash")
+    if d.id == "K3N-001":
+        plan = [("case", k, lambda c: c, None) for k in both]
+    elif d.id == "K3N-002":
+        plan = [("case", k, lambda c: dc.replace(c, last_tap=True), None) for k in both]
+    elif d.id == "K3N-003":
+        # the control: the same call through TokenSpeed's tap, which takes a stage end's tap where the next
+        # stage's weights are (properties/test_aux_tap.py: it passes the stage-end property)
+        owners = [("case", engine, f"{engine.name} at a non-final stage's end")]
+        try:
+            ts = registry.get("tokenspeed", sources, mode)
+            owners.append(("control", ts, f"{ts.name} at a non-final stage's end"))
+            shown["control"] = ts.name
+        except registry.EngineUnavailable as e:
+            rows.append({"entry": d.id, "role": "control", "engine": "tokenspeed",
+                         "severity": f"not run: tokenspeed unavailable ({e})"[:300]})
+        for role, owner, label in owners:
+            plan += [(role, k, lambda c: c, (lambda inp, case: inp, lambda case, _o=owner, _l=label: {
+                base.AUX_CAPTURE: (_split_tap(_o, mirror, case), _l)})) for k in both]
+    elif d.id == "K3N-006":
+        # the control: the same cancelling taps through one projection GEMM (the unsharded path)
+        one = engine if engine.provides(base.PROJECT_UNSHARDED) else mirror
+        for role, subject in (("case", (_sharded_projection(engine), "engine(sharded sum)")),
+                              ("control", (one.subject(base.PROJECT_UNSHARDED), f"{one.name}(one GEMM)"))):
+            plan += [(role, k, lambda c: dc.replace(c, taps=max(c.taps, 2)),
+                      (_cancelling, lambda case, _s={base.PROJECT_UNSHARDED: subject}: _s)) for k in both]
+    elif d.id in ("K3N-011", "K3N-012"):
+        owner = engine if engine.provides(base.CONTEXT_KV_FUSED) else mirror  # the loader is the engine's
+        fused = owner.subject(base.CONTEXT_KV_FUSED)
+        hooks = (_merged_loader_fp8 if d.id == "K3N-011" else _merged_loader_nvfp4)(
+            engine, "engine" if owner is engine else "mirror")
+        if d.id == "K3N-011":
+            # the K3 width: 576 rows per layer (4.5 blocks of 128) and three layers, the middle one misplaced
+            # (with two layers vLLM's loader raises instead: the second shard's scales overrun); the control:
+            # 512 rows, whole blocks, which load right
+            shapes = [("case", {"kv_lora": 576 - 8, "num_layers": 3}),
+                      ("control", {"kv_lora": 512 - 8, "num_layers": 3})]
+        else:
+            shapes = [("case", {"num_layers": 2})]
+        plan = [(role, "dspark", lambda c, _s=shape: dc.replace(c, **_s),
+                 (hooks[0], lambda case, _f=fused, _h=hooks: _h[1](_f))) for role, shape in shapes]
+    elif d.id == "K3N-013":
+        from k3num.harness.transfer_memory import Transfer
+
+        # K3's DFlash draft: 8 KV heads; a prefill at attention TP 4 (2 heads a rank) and a decode at TP 8
+        # (1 a rank), pages 4 tokens, prefill page p to decode page p + 2 (seed 003); the control: both TP 8
+        for role, t in (("case", Transfer(4, 8, 4)), ("control", Transfer(8, 8, 4))):
+            subject = (_transferred(engine, t), f"engine(+ its transfer {t.label()})")
+            plan.append((role, "dflash", lambda c: dc.replace(c, kv_heads=8, num_heads=8),
+                         (lambda inp, case: inp, lambda case, _s={base.DRAFT_CONTEXT_KV: subject}: _s)))
+    elif d.id in RACES + ("K3N-009", "K3N-010"):
+        if d.id in RACES and device == "cpu":
+            rows.append({"entry": d.id, "role": "case", "engine": d.engine, "severity": NO_RACE_ON_CPU})
+            return
+        # at least two taps, so one mixes >= 2 blocks; the races at their reproducers' hidden sizes
+        wide = {"K3N-004": 32, "K3N-005": 32, "K3N-007": 128}.get(d.id)
+        fixed = None
+        if d.id in RACES:  # the control: the same calls on the kernel with the ledger's fix (harness/fixes.py)
+            fixed, why = _fixed_engine(d.id, d.engine, sources, mode, stack)
+            if fixed is None:
+                rows.append({"entry": d.id, "role": "control", "engine": d.engine, "severity": why})
+            else:
+                shown["control"] = f"{d.engine} + fix"
+        for kind in both:
+            if d.id in RACES:
+                make = kernels.raced_layer_input if d.id == "K3N-007" else kernels.written_in_the_mix
+                roles = [(role, make(e, mirror, kernels.RACE_REPEATS))
+                         for role, e in (("case", engine), ("control", fixed)) if e is not None]
+            else:  # the control: the same kernel call over the bank sized right
+                roles = [("case", kernels.bank_one_block_short(engine, mirror)),
+                         ("control", kernels.bank_one_block_short(engine, mirror, short=False))]
+            for role, (inputs, subjects, count) in roles:
+                plan.append((role, kind, lambda c, _w=wide: dc.replace(c, taps=max(c.taps, 2),
+                                                                      hidden=_w or c.hidden),
+                             (inputs, subjects)))
+                counts[(role, kind)] = (count, d.id in RACES)
+    elif d.id == "K3N-014":
+        if not engine.extras.get("context_kv_ops") or not engine.real_ops:
+            rows.append({"entry": d.id, "role": "case", "engine": d.engine, "severity": NO_OPS})
+            return
+        plan = [(role, "dspark", lambda c: c, (lambda inp, case: inp, kernels.through_an_fp8_cache(engine, bad)))
+                for role, bad in (("case", 1), ("control", None))]
+    else:
+        rows.append({"entry": d.id, "role": "case", "engine": d.engine,
+                     "severity": NOT_THE_STEP + "no case class for it yet"})
+        return
+    for role, kind, shape, hooks in plan:
+        results = []
+        for case in (shape(c) for c in sample_cases(kind, n, seed)):
+            inp = draft_step_inputs(case, LOW, device)
+            subjects = None
+            if hooks is not None:
+                inp = hooks[0](inp, case)
+                subjects = hooks[1](case)
+            results.append(draft_step.run(engine, mirror, kind, case, device, subjects=subjects, inputs=inp))
+        if log:
+            log(f"[impact] {d.id} {role} {d.engine} {kind}: {len(results)} blocks")
+        row = {"entry": d.id, "role": role, **_aggregate(shown.get(role, d.engine), kind, results, d.id)}
+        count, race = counts.get((role, kind), (None, False))
+        if count is not None:
+            row["note"] = count.note() if race else f"{count.calls} tap calls over {count.label}"
+            if race and not count.raced and role == "case":  # the race did not happen: no verdict on it
+                row["severity"] = f"not seen: the race did not occur in {count.calls} calls"
+        rows.append(row)
 
 
 _RANK = {CHANGES: 2, NEAR_TIES: 1, NONE: 0}
@@ -538,6 +603,16 @@ def cmd_impact(args: argparse.Namespace) -> int:
             raise ValueError(f"--engine: unknown engine(s) {', '.join(unknown)}; known: {', '.join(registry.known())}")
         if args.cases < 1:
             raise ValueError(f"--cases: expected >= 1, got {args.cases}")
+        entries = [e.strip() for e in args.entry.split(",") if e.strip()] if args.entry else None
+        if entries is not None and not args.ledger:
+            raise ValueError("--entry names ledger entries: give --ledger")
+        if entries is not None:
+            from k3num.oracles import ledger
+
+            unknown_entries = sorted(set(entries) - {d.id for d in ledger.LEDGER})
+            if unknown_entries:
+                raise ValueError(f"--entry: no ledger entry {', '.join(unknown_entries)}; known: "
+                                 f"{', '.join(d.id for d in ledger.LEDGER)}")
         if args.ledger and args.engine:
             raise ValueError("--ledger runs each entry on its own engine: leave out --engine")
         if args.ledger and (args.activations or args.checkpoint):
@@ -562,7 +637,8 @@ def cmd_impact(args: argparse.Namespace) -> int:
         print(f"[impact] ERROR: {e}", file=sys.stderr)
         return 2
     if args.ledger:
-        table = ledger_table(args.cases, args.seed, device, sources, "auto", log=lambda m: print(m, file=sys.stderr))
+        table = ledger_table(args.cases, args.seed, device, sources, "auto", entries=entries,
+                             log=lambda m: print(m, file=sys.stderr))
         print(table.to_csv(index=False) if args.format == "csv" else _markdown(table, args, LEDGER_COLUMNS), end="")
         return 0
     if args.geometry == "k3" and device == "cpu":
@@ -601,7 +677,7 @@ def _checkpoint_step(path: str, lm_head: str | None, device: str) -> Any:
 ENGINE_COLUMNS = ["engine", "drafter", "paths", "positions", "identical", "tie_break", "diverged", "decided_share",
                   "agreement", "noise_agreement", "block", "worst_err_over_delta", "severity", "ledger"]
 LEDGER_COLUMNS = ["entry", "role", "engine", "drafter", "paths", "positions", "identical", "tie_break", "diverged",
-                  "agreement", "noise_agreement", "worst_err_over_delta", "severity"]
+                  "agreement", "noise_agreement", "worst_err_over_delta", "severity", "note"]
 
 
 def _markdown(table: pd.DataFrame, args: argparse.Namespace, cols: list[str]) -> str:
@@ -649,4 +725,6 @@ def add_parser(sub) -> None:
     p.add_argument("--ledger", action="store_true",
                    help="instead: each ledger entry's case class through the step on the entry's engine, with a "
                         "severity, or why the step does not reach it (exit 0 when it ran)")
+    p.add_argument("--entry", default=None, metavar="K3N-NNN[,...]",
+                   help="with --ledger: only these entries (default: all)")
     p.set_defaults(func=cmd_impact)

@@ -1,0 +1,240 @@
+"""Case classes of the ledger's AttnRes-kernel and FP8-cache entries through the draft step (`k3num impact
+--ledger`): what the entry's defect does to the draft's tokens when the call that triggers it reaches the step.
+
+The step's path 2 (harness/draft_step.py) is a read-only mixture of the target's stream: no delta, no bank write,
+a bank that holds every block the mixture reads. The model's own tap calls cannot trigger these entries; each
+case class makes the tap's call the one the entry needs, on the entry's engine, and says so in the row:
+
+- K3N-004 / K3N-005 (`written_in_the_mix`): the tap's caller also stores the stream as bank block 0 inside the
+  mixed range, in the same call (block_write_idx 0). The intended mixture reads the written row; the race
+  mixes the row's old value. Every side's bank holds the written row; the engine's call gets the old one and
+  the write.
+- K3N-007 (`raced_layer_input`): the race is in the decoder layer's own call (a delta, the output norm, the
+  4-source tile: the ledger's reproducer's hidden 128 and 4 of 4 blocks, fewer than 256 tokens): it stores
+  prefix + delta in place, and a raced call mixes a segment of the prefix with the delta added twice, so the
+  layer's normed input is wrong (the stored prefix is right). That input reaches the stream through the layer's
+  sublayer, which the step does not hold: a linear stand-in (a drawn [H, H] matrix of gain about 1) turns the
+  layer input into the pending output the tap then adds. Every side's tap state is (prefix + delta, the stand-in
+  of the most frequent output); the engine's tap takes the stand-in of the raced one, through the mirror's tap,
+  so K3N-001 stays out.
+- K3N-009 / K3N-010 (`bank_one_block_short`): the caller sized the bank one block short of what the mixture
+  reads (num_blocks = the rows it allocated + 1). The kernel reads the next token's first row in the missing
+  row's place, and the last token reads the allocation's tail, which here is zeros. Deterministic.
+- K3N-014 (`through_an_fp8_cache`): the DSpark context entries written to an FP8 (e4m3) cache by vLLM's
+  compiled per-layer insert and read back dequantized with the same scale, one layer's scale 0 (the case) or
+  every layer's scale amax / 448 (the control: what an FP8 cache itself does to the tokens).
+
+A race runs each tap call `repeats` times on fresh copies: the most frequent output is the un-raced one, and the
+step takes the raced output farthest from it (the worst call seen); `Raced` counts them. On the CPU the Triton
+interpreter runs a kernel's programs one after another, so a race cannot happen there: the ledger table then says
+so instead of reporting "no token changes".
+"""
+
+from __future__ import annotations
+
+import dataclasses as dc
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from k3num.engines import base
+from k3num.refmodel.attn_res import aux_tap_branch
+
+WRITE_ROW = 0  # the bank row K3N-004/005's caller writes inside the mixed range (the ledger's reproducer's)
+EPS = 1e-5  # the AttnRes norms' eps (harness/draft_step.py's)
+RACE_REPEATS = 200  # calls per tap on the GPU (the ledger's reproducers count races in 200 calls)
+FP8_MAX = 448.0  # e4m3's largest finite value: a scale of amax / 448 puts a layer's largest entry there
+
+
+@dataclass
+class Raced:
+    """A race's count over a row's tap calls: calls made, calls whose output was not the most frequent one."""
+
+    calls: int = 0
+    raced: int = 0
+    taps: list[int] = field(default_factory=list)  # the tap layers the case's call was made at
+    label: str = ""  # what the call was made over (bank_one_block_short: "a bank one block short")
+
+    def note(self) -> str:
+        return f"raced {self.raced} of {self.calls} calls"
+
+
+def worst_of(call: Any, repeats: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """`call()` (a fresh call each time -> one tensor) `repeats` times -> (the output the step takes, the most
+    frequent output, raced calls): the step takes the most frequent output when no call differs from it, else the
+    raced output farthest from it (max |diff|)."""
+    outs = torch.stack([call() for _ in range(repeats)])
+    if repeats == 1:
+        return outs[0], outs[0], 0
+    flat = outs.reshape(repeats, -1)
+    bits = flat.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()])
+    _, inverse, counts = torch.unique(bits, dim=0, return_inverse=True, return_counts=True)
+    modal = int(counts.argmax())
+    raced = int(repeats - counts[modal])
+    first = int((inverse == modal).nonzero()[0, 0])
+    if not raced:
+        return outs[first], outs[first], 0
+    far = (flat.float() - flat[first].float()).abs().nan_to_num(float("inf")).amax(1)
+    return outs[int(far.argmax())], outs[first], raced
+
+
+def _branch(layer: int, kw: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    got = aux_tap_branch(layer, kw["weights"], kw["block_size"], kw["end_layer"], kw["num_layers"],
+                         kw["is_last_rank"])
+    if got is None:
+        raise ValueError(f"tap after layer {layer}: the last layer of a non-final stage (no mixture to call)")
+    return got
+
+
+def mixed_taps(case: Any) -> list[int]:
+    """The case's tap layers whose mixture reads at least two blocks (where a row can be written inside the mix
+    beside another, or the bank can be one short and still hold a row)."""
+    out = []
+    for layer in case.tap_layers():
+        if layer + 1 < case.target_layers:
+            nbl = -(-(layer + 1) // case.attn_res_block)
+        else:
+            nbl = -(-case.target_layers // case.attn_res_block)
+        if nbl >= 2:
+            out.append(layer)
+    return out
+
+
+def written_in_the_mix(engine: Any, mirror: Any, repeats: int) -> tuple[Any, Any, Raced]:
+    """K3N-004/005's case class (module docstring): (inputs hook, subjects hook, the race's count)."""
+    count = Raced()
+    stale: dict[int, torch.Tensor] = {}
+
+    def inputs(inp: Any, case: Any) -> Any:
+        stale.clear()
+        count.taps = mixed_taps(case)
+        states = []
+        for layer, (prefix, pending, bank) in zip(case.tap_layers(), inp.tap_states):
+            if layer in count.taps:
+                stale[layer] = bank[:, WRITE_ROW].clone()
+                bank = bank.clone()
+                bank[:, WRITE_ROW] = prefix + pending  # the stream the call writes, as the engine forms it
+            states.append((prefix, pending, bank))
+        return dc.replace(inp, tap_states=states)
+
+    kernel, plain = engine.subject(base.ATTN_RES), mirror.subject(base.AUX_CAPTURE)
+
+    def tap(layer: int, prefix: Any, pending: Any, bank: Any, **kw: Any) -> Any:
+        if layer not in stale:
+            return plain(layer, prefix, pending, bank, **kw)
+        norm, proj, nbl = _branch(layer, kw)
+        stream = prefix + pending
+        old = bank.clone()
+        old[:, WRITE_ROW] = stale[layer]
+
+        def call() -> torch.Tensor:
+            return kernel(stream.clone(), None, old.clone(), norm, proj, None, nbl, WRITE_ROW, kw["eps"], 0.0)
+
+        out, _, raced = worst_of(call, repeats)
+        count.calls += repeats
+        count.raced += raced
+        return out
+
+    def subjects(case: Any) -> dict[str, Any]:
+        return {base.AUX_CAPTURE: (tap, f"{engine.name} attn_res writing the stream as block {WRITE_ROW} "
+                                        "inside the mix (taps mixing >= 2 blocks; the others the mirror's)")}
+
+    return inputs, subjects, count
+
+
+def raced_layer_input(engine: Any, mirror: Any, repeats: int) -> tuple[Any, Any, Raced]:
+    """K3N-007's case class (module docstring): (inputs hook, subjects hook, the race's count)."""
+    count = Raced()
+    kernel, plain = engine.subject(base.ATTN_RES), mirror.subject(base.AUX_CAPTURE)
+    raced_pending: dict[int, torch.Tensor] = {}
+
+    def inputs(inp: Any, case: Any) -> Any:
+        raced_pending.clear()
+        count.taps = list(case.tap_layers())
+        w = inp.target_weights
+        gen = torch.Generator().manual_seed(case.seed)
+        hidden = case.hidden
+        sub = (torch.randn(hidden, hidden, generator=gen, dtype=torch.float64) * hidden ** -0.5).to(
+            inp.fc.dtype).to(inp.fc.device)  # the stand-in sublayer [H_out, H_in]
+        states = []
+        for layer, (prefix, pending, bank) in zip(count.taps, inp.tap_states):
+            def call(_p=prefix, _d=pending, _b=bank, _l=layer) -> torch.Tensor:
+                return kernel(_p.clone(), _d.clone(), _b.clone(), w.attn_res_norm[_l], w.attn_res_proj[_l],
+                              w.input_layernorm[_l], _b.shape[1], -1, EPS, EPS)
+
+            worst, modal, raced = worst_of(call, repeats)
+            count.calls += repeats
+            count.raced += raced
+            raced_pending[layer] = (worst.float() @ sub.float().T).to(prefix.dtype)
+            states.append((prefix + pending, (modal.float() @ sub.float().T).to(prefix.dtype), bank))
+        return dc.replace(inp, tap_states=states)
+
+    def tap(layer: int, prefix: Any, pending: Any, bank: Any, **kw: Any) -> Any:
+        return plain(layer, prefix, raced_pending[layer], bank, **kw)
+
+    def subjects(case: Any) -> dict[str, Any]:
+        return {base.AUX_CAPTURE: (tap, f"the mirror's tap over {engine.name} attn_res's layer input (with its "
+                                        "delta and output norm, over the bank's every block) through a linear "
+                                        "stand-in sublayer")}
+
+    return inputs, subjects, count
+
+
+def bank_one_block_short(engine: Any, mirror: Any, short: bool = True) -> tuple[Any, Any, Raced]:
+    """K3N-009/010's case class (module docstring): (inputs hook, subjects hook, the tap calls made). short=False:
+    the control, the same call over a bank that holds every row the mixture reads."""
+    count = Raced(label="a bank one block short" if short else "a right-sized bank")
+    kernel, plain = engine.subject(base.ATTN_RES), mirror.subject(base.AUX_CAPTURE)
+
+    def inputs(inp: Any, case: Any) -> Any:
+        count.taps = mixed_taps(case)
+        return inp
+
+    def tap(layer: int, prefix: Any, pending: Any, bank: Any, **kw: Any) -> Any:
+        if layer not in count.taps:
+            return plain(layer, prefix, pending, bank, **kw)
+        norm, proj, nbl = _branch(layer, kw)
+        tokens, _, hidden = bank.shape
+        rows = nbl - 1 if short else nbl
+        # the allocation: `rows` rows per token and a zero tail past the last token's rows
+        alloc = torch.zeros(tokens + 1, rows, hidden, dtype=bank.dtype, device=bank.device)
+        alloc[:tokens] = bank[:, :rows]
+        count.calls += 1
+        return kernel(prefix + pending, None, alloc[:tokens], norm, proj, None, nbl, -1, kw["eps"], 0.0)
+
+    def subjects(case: Any) -> dict[str, Any]:
+        return {base.AUX_CAPTURE: (tap, f"{engine.name} attn_res over {count.label} (taps mixing >= 2 "
+                                        "blocks; the others the mirror's)")}
+
+    return inputs, subjects, count
+
+
+def through_an_fp8_cache(engine: Any, bad_layer: int | None) -> Any:
+    """K3N-014's case class (module docstring): a subjects hook whose DSpark context KV is the engine's fused
+    path's entries through vLLM's compiled FP8 insert (engine.extras["context_kv_ops"]) and back. bad_layer: the
+    layer whose scale is 0 (None: every layer at amax / 448, the control)."""
+    ops = engine.extras["context_kv_ops"]
+    fused = engine.subject(base.CONTEXT_KV_FUSED)
+
+    def context_kv(x: Any, kv_a: Any, *rest: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        kv_c, k_pe = fused(x, kv_a, *rest)
+        layers, tokens, lora = kv_c.shape
+        width = lora + k_pe.shape[-1]
+        amax = torch.cat([kv_c, k_pe], -1).float().abs().amax(dim=(1, 2)).clamp_min(1e-12)
+        scales = (amax / FP8_MAX).to(torch.float32)
+        if bad_layer is not None:
+            scales[bad_layer % layers] = 0.0
+        slots = torch.arange(tokens, device=kv_c.device, dtype=torch.int64)
+        back = []
+        for layer in range(layers):
+            cache = torch.zeros(1, tokens, width, dtype=torch.uint8, device=kv_c.device)
+            ops.insert_per_layer(kv_c[layer], k_pe[layer], cache, slots, "fp8_e4m3", scales[layer:layer + 1])
+            entry = cache[0].view(torch.float8_e4m3fn).float() * scales[layer]
+            back.append(entry.to(kv_c.dtype))
+        out = torch.stack(back)
+        return out[..., :lora].contiguous(), out[..., lora:].contiguous()
+
+    label = (f"{engine.name}(entries through its FP8 insert, layer {bad_layer}'s scale 0)" if bad_layer is not None
+             else f"{engine.name}(entries through its FP8 insert, scales amax / 448)")
+    return lambda case: {base.CONTEXT_KV_FUSED: (context_kv, label)}

@@ -239,11 +239,6 @@ def _aggregate(name: str, kind: str, results: list[Any], ledger: str = "") -> di
 # whose taps cancel, weights through the merged loader), or the reason it does not reach the step here.
 
 NOT_THE_STEP = "not exercised by the draft step: "
-_REASONS = {
-    "K3N-008": NOT_THE_STEP + "SGLang's model aggregation is the target's AttnRes forward, given to the step as its "
-                              "stream state (SGLang binds no aux tap); and at K3's hidden 7168 (7 x 1024) the "
-                              "unguarded path the entry needs (hidden % 1024 != 0) is not taken",
-}
 # the entries whose case class is a race (harness/impact_kernels.py): run on a GPU only
 RACES = ("K3N-004", "K3N-005", "K3N-007")
 NO_RACE_ON_CPU = ("not run on cpu: a race, and the Triton interpreter runs a kernel's programs one after another "
@@ -447,9 +442,6 @@ def _entry_rows(d: Any, n: int, seed: int, device: str, sources: dict[str, Path]
     plan: list[tuple[str, str, Any, Any]] = []
     counts: dict[tuple[str, str], Any] = {}  # (role, kind) -> (impact_kernels.Raced, a race?)
     shown: dict[str, str] = {}  # role -> the engine whose subject the row's case runs, where not the entry's
-    if d.id in _REASONS:
-        rows.append({"entry": d.id, "role": "case", "engine": d.engine, "severity": _REASONS[d.id]})
-        return
     try:
         engine = registry.get(d.engine, sources, mode)
     except registry.EngineUnavailable as e:
@@ -532,6 +524,12 @@ def _entry_rows(d: Any, n: int, seed: int, device: str, sources: dict[str, Path]
                                                                       hidden=_w or c.hidden),
                              (inputs, subjects)))
                 counts[(role, kind)] = (count, d.id in RACES)
+    elif d.id == "K3N-008":
+        for kind in both:  # the control: hidden 1024, where the fused path writes every element
+            for role, hidden in (("case", None), ("control", 1024)):
+                inputs, subjects, count = kernels.unwritten_layer_input(engine, mirror)
+                plan.append((role, kind, lambda c, _h=hidden: dc.replace(c, hidden=_h or c.hidden), (inputs, subjects)))
+                counts[(role, kind)] = (count, False)
     elif d.id == "K3N-014":
         if not engine.extras.get("context_kv_ops") or not engine.real_ops:
             rows.append({"entry": d.id, "role": "case", "engine": d.engine, "severity": NO_OPS})
@@ -556,7 +554,7 @@ def _entry_rows(d: Any, n: int, seed: int, device: str, sources: dict[str, Path]
         row = {"entry": d.id, "role": role, **_aggregate(shown.get(role, d.engine), kind, results, d.id)}
         count, race = counts.get((role, kind), (None, False))
         if count is not None:
-            row["note"] = count.note() if race else f"{count.calls} tap calls over {count.label}"
+            row["note"] = count.note()
             if race and not count.raced and role == "case":  # the race did not happen: no verdict on it
                 row["severity"] = f"not seen: the race did not occur in {count.calls} calls"
         rows.append(row)

@@ -20,6 +20,11 @@ case class makes the tap's call the one the entry needs, on the entry's engine, 
 - K3N-009 / K3N-010 (`bank_one_block_short`): the caller sized the bank one block short of what the mixture
   reads (num_blocks = the rows it allocated + 1). The kernel reads the next token's first row in the missing
   row's place, and the last token reads the allocation's tail, which here is zeros. Deterministic.
+- K3N-008 (`unwritten_layer_input`): SGLang's model aggregation (AttnResidual) forms the layer's normed input
+  over the bank's every block; at a hidden size that is not a multiple of 1024 (the step's 32 and 64) its fused
+  path writes no element of it. The unwritten memory is read as zeros here (the kindest: NaN memory would make
+  every logit NaN), through the same linear stand-in as K3N-007; every other side takes the float64 aggregation
+  rounded once. The control is hidden 1024, on the grid, where the fused path writes every element.
 - K3N-014 (`through_an_fp8_cache`): the DSpark context entries written to an FP8 (e4m3) cache by vLLM's
   compiled per-layer insert and read back dequantized with the same scale, one layer's scale 0 (the case) or
   every layer's scale amax / 448 (the control: what an FP8 cache itself does to the tokens).
@@ -45,6 +50,7 @@ WRITE_ROW = 0  # the bank row K3N-004/005's caller writes inside the mixed range
 EPS = 1e-5  # the AttnRes norms' eps (harness/draft_step.py's)
 RACE_REPEATS = 200  # calls per tap on the GPU (the ledger's reproducers count races in 200 calls)
 FP8_MAX = 448.0  # e4m3's largest finite value: a scale of amax / 448 puts a layer's largest entry there
+SGLANG_TILE = 1024  # the chunk SGLang's fused aggregation loads without a mask (K3N-008)
 
 
 @dataclass
@@ -57,7 +63,7 @@ class Raced:
     label: str = ""  # what the call was made over (bank_one_block_short: "a bank one block short")
 
     def note(self) -> str:
-        return f"raced {self.raced} of {self.calls} calls"
+        return f"{self.calls} calls; {self.label}" if self.label else f"raced {self.raced} of {self.calls} calls"
 
 
 def worst_of(call: Any, repeats: int) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -143,42 +149,88 @@ def written_in_the_mix(engine: Any, mirror: Any, repeats: int) -> tuple[Any, Any
     return inputs, subjects, count
 
 
-def raced_layer_input(engine: Any, mirror: Any, repeats: int) -> tuple[Any, Any, Raced]:
-    """K3N-007's case class (module docstring): (inputs hook, subjects hook, the race's count)."""
-    count = Raced()
-    kernel, plain = engine.subject(base.ATTN_RES), mirror.subject(base.AUX_CAPTURE)
-    raced_pending: dict[int, torch.Tensor] = {}
+def _stand_in_sublayer(case: Any, like: torch.Tensor) -> torch.Tensor:
+    """[H_out, H_in]: the linear stand-in for the target layer's sublayer (K3N-007/008's case classes), drawn from
+    the case's seed, gain about 1, in `like`'s dtype and device."""
+    gen = torch.Generator().manual_seed(case.seed)
+    h = case.hidden
+    return (torch.randn(h, h, generator=gen, dtype=torch.float64) * h ** -0.5).to(like.dtype).to(like.device)
+
+
+def _through_the_layer(layer_input: Any, count: Raced, mirror: Any, label: str) -> tuple[Any, Any]:
+    """(inputs hook, subjects hook) of a case class whose defect is in a target layer's AttnRes call: each tap's
+    state becomes (prefix + delta, the stand-in sublayer of the layer's input, bank), the input `layer_input(layer,
+    prefix, pending, bank, weights) -> (the engine's, the one every other side takes)` gives; the engine's tap is
+    the mirror's over its own."""
+    plain = mirror.subject(base.AUX_CAPTURE)
+    engine_pending: dict[int, torch.Tensor] = {}
 
     def inputs(inp: Any, case: Any) -> Any:
-        raced_pending.clear()
+        engine_pending.clear()
         count.taps = list(case.tap_layers())
-        w = inp.target_weights
-        gen = torch.Generator().manual_seed(case.seed)
-        hidden = case.hidden
-        sub = (torch.randn(hidden, hidden, generator=gen, dtype=torch.float64) * hidden ** -0.5).to(
-            inp.fc.dtype).to(inp.fc.device)  # the stand-in sublayer [H_out, H_in]
+        sub = _stand_in_sublayer(case, inp.fc).float()
         states = []
         for layer, (prefix, pending, bank) in zip(count.taps, inp.tap_states):
-            def call(_p=prefix, _d=pending, _b=bank, _l=layer) -> torch.Tensor:
-                return kernel(_p.clone(), _d.clone(), _b.clone(), w.attn_res_norm[_l], w.attn_res_proj[_l],
-                              w.input_layernorm[_l], _b.shape[1], -1, EPS, EPS)
-
-            worst, modal, raced = worst_of(call, repeats)
-            count.calls += repeats
-            count.raced += raced
-            raced_pending[layer] = (worst.float() @ sub.float().T).to(prefix.dtype)
-            states.append((prefix + pending, (modal.float() @ sub.float().T).to(prefix.dtype), bank))
+            got, intended = layer_input(layer, prefix, pending, bank, inp.target_weights)
+            engine_pending[layer] = (got.float() @ sub.T).to(prefix.dtype)
+            states.append((prefix + pending, (intended.float() @ sub.T).to(prefix.dtype), bank))
         return dc.replace(inp, tap_states=states)
 
     def tap(layer: int, prefix: Any, pending: Any, bank: Any, **kw: Any) -> Any:
-        return plain(layer, prefix, raced_pending[layer], bank, **kw)
+        return plain(layer, prefix, engine_pending[layer], bank, **kw)
 
-    def subjects(case: Any) -> dict[str, Any]:
-        return {base.AUX_CAPTURE: (tap, f"the mirror's tap over {engine.name} attn_res's layer input (with its "
-                                        "delta and output norm, over the bank's every block) through a linear "
-                                        "stand-in sublayer")}
+    return inputs, lambda case: {base.AUX_CAPTURE: (tap, label)}
 
-    return inputs, subjects, count
+
+def raced_layer_input(engine: Any, mirror: Any, repeats: int) -> tuple[Any, Any, Raced]:
+    """K3N-007's case class (module docstring): (inputs hook, subjects hook, the race's count)."""
+    count = Raced()
+    kernel = engine.subject(base.ATTN_RES)
+
+    def layer_input(layer: int, prefix: Any, pending: Any, bank: Any, w: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        def call() -> torch.Tensor:
+            return kernel(prefix.clone(), pending.clone(), bank.clone(), w.attn_res_norm[layer], w.attn_res_proj[layer],
+                          w.input_layernorm[layer], bank.shape[1], -1, EPS, EPS)
+
+        worst, modal, raced = worst_of(call, repeats)
+        count.calls += repeats
+        count.raced += raced
+        return worst, modal
+
+    return (*_through_the_layer(layer_input, count, mirror, f"the mirror's tap over {engine.name} attn_res's layer "
+                                "input (with its delta and output norm, over the bank's every block) through a "
+                                "linear stand-in sublayer"), count)
+
+
+def unwritten_layer_input(engine: Any, mirror: Any) -> tuple[Any, Any, Raced]:
+    """K3N-008's case class (module docstring): (inputs hook, subjects hook, the calls made)."""
+    from k3num.harness import oracle
+    from k3num.harness.judges import up
+    from k3num.oracles.hunt import poisoned_allocations
+
+    count = Raced(label="unwritten memory read as zeros")
+    aggregate = engine.subject(base.ATTN_RES_RESIDUAL)
+
+    def layer_input(layer: int, prefix: Any, pending: Any, bank: Any, w: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        stream, (tokens, nvb, hidden) = prefix + pending, bank.shape
+        weights = (w.attn_res_norm[layer], w.attn_res_proj[layer], w.input_layernorm[layer])
+        # the fused path reads whole SGLANG_TILE-element chunks past each row: zero rows after the bank's and the
+        # stream's, so every read lands in memory of ours
+        pad = -(-SGLANG_TILE // hidden) + 1
+        padded_bank = torch.zeros(tokens, nvb + pad, hidden, dtype=bank.dtype, device=bank.device)
+        padded_bank[:, :nvb] = bank
+        padded_stream = torch.zeros(tokens + pad, hidden, dtype=stream.dtype, device=stream.device)
+        padded_stream[:tokens] = stream
+        with poisoned_allocations(fill=torch.Tensor.zero_):
+            got = aggregate(padded_stream[:tokens], padded_bank, nvb, *weights, EPS)
+        want = oracle.current().attn_res_with_sources(up(stream), None, up(bank), *map(up, weights[:2]),
+                                                      up(weights[2]), nvb, -1, EPS, EPS)[0]
+        count.calls += 1
+        return got, want.to(stream.dtype)
+
+    return (*_through_the_layer(layer_input, count, mirror, f"the mirror's tap over {engine.name}'s model "
+                                "aggregation (AttnResidual, over the bank's every block; memory it leaves unwritten "
+                                "read as zeros) through a linear stand-in sublayer"), count)
 
 
 def bank_one_block_short(engine: Any, mirror: Any, short: bool = True) -> tuple[Any, Any, Raced]:

@@ -37,6 +37,7 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -95,25 +96,26 @@ _ALLOCATORS = {torch.empty, torch.empty_like, torch.empty_strided, torch.Tensor.
 
 
 class PoisonAllocations(TorchFunctionMode):
-    """Inside this mode, every tensor made by an uninitialised allocator is filled with its sentinel;
-    `count` says how many were."""
+    """Inside this mode, every tensor made by an uninitialised allocator is filled with its sentinel (or by
+    `fill`, in place); `count` says how many were."""
 
-    def __init__(self) -> None:
+    def __init__(self, fill: Callable[[torch.Tensor], Any] = poison_) -> None:
         super().__init__()
         self.count = 0
+        self.fill = fill
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         out = func(*args, **(kwargs or {}))
         if func in _ALLOCATORS and isinstance(out, torch.Tensor):
             with torch.no_grad():
-                poison_(out)
+                self.fill(out)
             self.count += 1
         return out
 
 
 @contextmanager
-def poisoned_allocations() -> Iterator[PoisonAllocations]:
-    mode = PoisonAllocations()
+def poisoned_allocations(fill: Callable[[torch.Tensor], Any] = poison_) -> Iterator[PoisonAllocations]:
+    mode = PoisonAllocations(fill)
     with mode:
         yield mode
 

@@ -131,3 +131,14 @@ def test_a_zero_fp8_scale_flips_decided_tokens_past_what_the_fp8_cache_itself_do
     worst = [max(r.verdict.worst_err_over_delta for r in rs) for rs in (bad, fine)]
     assert worst[0] > worst[1] and sum(r.verdict.count("DIVERGED") for r in bad) > 0, worst
     assert "layer 1's scale 0" in bad[0].paths and "amax / 448" in fine[0].paths
+
+
+def test_allocations_can_be_filled_with_zeros_as_well_as_poisoned() -> None:
+    """K3N-008's case class reads the memory SGLang leaves unwritten as zeros; the hunt's default is NaN."""
+    from k3num.oracles.hunt import poisoned_allocations
+
+    with poisoned_allocations(fill=torch.Tensor.zero_) as mode:
+        zeros = torch.empty(3)
+    with poisoned_allocations():
+        nans = torch.empty(3)
+    assert zeros.tolist() == [0.0, 0.0, 0.0] and mode.count == 1 and bool(nans.isnan().all())

@@ -37,11 +37,14 @@ drafter's row says it did not run.
 256 context positions and drawn weights: the nightly runs it on the GPU (scripts/gpu_nightly.sh,
 K3NUM_IMPACT_K3_CASES).
 
-`--ledger`: each ledger entry's case class through the step on the entry's engine (`ledger_table`): the
-divergence made to reach the step's inputs the way it reaches a deployment (the tap of the wrong stream, taps
-whose projections cancel through the sharded sum, a draft checkpoint through vLLM's merged loader), one row per
-drafter with the counts and a severity; an entry the step does not reach gets one row whose severity says why
-(`_REASONS`). Exit 0 when it ran, 2 when it could not.
+`--ledger [--entry K3N-NNN,...]`: each ledger entry's case class through the step on the entry's engine
+(`ledger_table`; the AttnRes-kernel and FP8-cache ones in harness/impact_kernels.py): the divergence made to reach
+the step's inputs the way it reaches a deployment, or the call a caller would make to reach it (the tap of the
+wrong stream, taps whose projections cancel through the sharded sum, a draft checkpoint through vLLM's merged
+loader, a bank row written inside the mix, a bank one block short, a layer input the kernel leaves unwritten or a
+race corrupts, an FP8 cache with a zero scale), one row per drafter and role (the case, and a control through
+what the entry lacks) with the counts, a severity and a note. A race runs on a GPU only, K3N-014 with vLLM's
+built ops: elsewhere their rows say why they did not run. Exit 0 when it ran, 2 when it could not.
 """
 
 from __future__ import annotations

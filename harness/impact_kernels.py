@@ -2,8 +2,10 @@
 --ledger`): what the entry's defect does to the draft's tokens when the call that triggers it reaches the step.
 
 The step's path 2 (harness/draft_step.py) is a read-only mixture of the target's stream: no delta, no bank write,
-a bank that holds every block the mixture reads. The model's own tap calls cannot trigger these entries; each
-case class makes the tap's call the one the entry needs, on the entry's engine, and says so in the row:
+a bank that holds every block the mixture reads, and the target's layers are not in the step (their stream is
+its input). So no call the step makes triggers these entries. Each case class makes the call the entry needs, on
+the entry's engine: the tap's own call (K3N-004/005/009/010), a target layer's call whose output reaches the
+stream (K3N-007/008), or the cache the context entries pass through (K3N-014); the row's `paths` says which:
 
 - K3N-004 / K3N-005 (`written_in_the_mix`): the tap's caller also stores the stream as bank block 0 inside the
   mixed range, in the same call (block_write_idx 0). The intended mixture reads the written row; the race
@@ -17,22 +19,23 @@ case class makes the tap's call the one the entry needs, on the entry's engine, 
   layer input into the pending output the tap then adds. Every side's tap state is (prefix + delta, the stand-in
   of the most frequent output); the engine's tap takes the stand-in of the raced one, through the mirror's tap,
   so K3N-001 stays out.
-- K3N-009 / K3N-010 (`bank_one_block_short`): the caller sized the bank one block short of what the mixture
-  reads (num_blocks = the rows it allocated + 1). The kernel reads the next token's first row in the missing
-  row's place, and the last token reads the allocation's tail, which here is zeros. Deterministic.
 - K3N-008 (`unwritten_layer_input`): SGLang's model aggregation (AttnResidual) forms the layer's normed input
   over the bank's every block; at a hidden size that is not a multiple of 1024 (the step's 32 and 64) its fused
   path writes no element of it. The unwritten memory is read as zeros here (the kindest: NaN memory would make
   every logit NaN), through the same linear stand-in as K3N-007; every other side takes the float64 aggregation
   rounded once. The control is hidden 1024, on the grid, where the fused path writes every element.
+- K3N-009 / K3N-010 (`bank_one_block_short`): the caller sized the bank one block short of what the mixture
+  reads (num_blocks = the rows it allocated + 1). The kernel reads the next token's first row in the missing
+  row's place, and the last token reads the allocation's tail, which here is zeros. Deterministic.
 - K3N-014 (`through_an_fp8_cache`): the DSpark context entries written to an FP8 (e4m3) cache by vLLM's
-  compiled per-layer insert and read back dequantized with the same scale, one layer's scale 0 (the case) or
+  compiled per-layer insert and read back dequantized with the same scale, one layer's scale 0 (the case: layer 1,
+  layer 0 of a one-layer draft) or
   every layer's scale amax / 448 (the control: what an FP8 cache itself does to the tokens).
 
-A race runs each tap call `repeats` times on fresh copies: the most frequent output is the un-raced one, and the
-step takes the raced output farthest from it (the worst call seen); `Raced` counts them. On the CPU the Triton
-interpreter runs a kernel's programs one after another, so a race cannot happen there: the ledger table then says
-so instead of reporting "no token changes".
+A race's case class makes each of its calls `repeats` times on fresh copies: the most frequent output is the
+un-raced one, and the step takes the raced output farthest from it (the worst call seen); `Raced` counts them.
+On the CPU the Triton interpreter runs a kernel's programs one after another, so a race cannot happen there: the
+ledger table then says so instead of reporting "no token changes".
 """
 
 from __future__ import annotations
@@ -44,10 +47,10 @@ from typing import Any
 import torch
 
 from k3num.engines import base
+from k3num.harness.draft_step import EPS  # the AttnRes norms' eps
 from k3num.refmodel.attn_res import aux_tap_branch
 
 WRITE_ROW = 0  # the bank row K3N-004/005's caller writes inside the mixed range (the ledger's reproducer's)
-EPS = 1e-5  # the AttnRes norms' eps (harness/draft_step.py's)
 RACE_REPEATS = 200  # calls per tap on the GPU (the ledger's reproducers count races in 200 calls)
 FP8_MAX = 448.0  # e4m3's largest finite value: a scale of amax / 448 puts a layer's largest entry there
 SGLANG_TILE = 1024  # the chunk SGLang's fused aggregation loads without a mask (K3N-008)
@@ -265,7 +268,7 @@ def bank_one_block_short(engine: Any, mirror: Any, short: bool = True) -> tuple[
 def through_an_fp8_cache(engine: Any, bad_layer: int | None) -> Any:
     """K3N-014's case class (module docstring): a subjects hook whose DSpark context KV is the engine's fused
     path's entries through vLLM's compiled FP8 insert (engine.extras["context_kv_ops"]) and back. bad_layer: the
-    layer whose scale is 0 (None: every layer at amax / 448, the control)."""
+    layer whose scale is 0, mod the draft's L layers (None: every layer at amax / 448, the control)."""
     ops = engine.extras["context_kv_ops"]
     fused = engine.subject(base.CONTEXT_KV_FUSED)
 
@@ -287,6 +290,6 @@ def through_an_fp8_cache(engine: Any, bad_layer: int | None) -> Any:
         out = torch.stack(back)
         return out[..., :lora].contiguous(), out[..., lora:].contiguous()
 
-    label = (f"{engine.name}(entries through its FP8 insert, layer {bad_layer}'s scale 0)" if bad_layer is not None
-             else f"{engine.name}(entries through its FP8 insert, scales amax / 448)")
+    label = (f"{engine.name}(entries through its FP8 insert, scales amax / 448)" if bad_layer is None
+             else f"{engine.name}(entries through its FP8 insert, layer {bad_layer} mod L's scale 0)")
     return lambda case: {base.CONTEXT_KV_FUSED: (context_kv, label)}

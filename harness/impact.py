@@ -397,9 +397,7 @@ def ledger_table(n: int, seed: int, device: str, sources: dict[str, Path], mode:
     from k3num.engines import registry
     from k3num.oracles import ledger
 
-    unknown = sorted(set(entries or ()) - {d.id for d in ledger.LEDGER})
-    if unknown:
-        raise ValueError(f"no ledger entry {', '.join(unknown)}")
+    check_entries(entries or [])
     mirror = registry.get("mirror")
     rows: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:  # the fixed trees the race controls read
@@ -407,6 +405,15 @@ def ledger_table(n: int, seed: int, device: str, sources: dict[str, Path], mode:
             if entries is None or d.id in entries:
                 _entry_rows(d, n, seed, device, sources, mode, mirror, rows, stack, log)
     return pd.DataFrame(rows)
+
+
+def check_entries(entries: list[str]) -> None:
+    """ValueError naming the ids in `entries` the ledger does not hold, and those it does."""
+    from k3num.oracles import ledger
+
+    unknown = sorted(set(entries) - {d.id for d in ledger.LEDGER})
+    if unknown:
+        raise ValueError(f"no ledger entry {', '.join(unknown)}; known: {', '.join(d.id for d in ledger.LEDGER)}")
 
 
 def _fixed_engine(entry: str, name: str, sources: dict[str, Path], mode: str, stack: Any) -> tuple[Any, str]:
@@ -443,7 +450,7 @@ def _entry_rows(d: Any, n: int, seed: int, device: str, sources: dict[str, Path]
 
     # (role, kind, case transform, (inputs hook (inp, case), subjects hook (case)) | None)
     plan: list[tuple[str, str, Any, Any]] = []
-    counts: dict[tuple[str, str], Any] = {}  # (role, kind) -> (impact_kernels.Raced, a race?)
+    counts: dict[tuple[str, str], Any] = {}  # (role, kind) -> (impact_kernels.Calls, a race?)
     shown: dict[str, str] = {}  # role -> the engine whose subject the row's case runs, where not the entry's
     try:
         engine = registry.get(d.engine, sources, mode)
@@ -608,12 +615,10 @@ def cmd_impact(args: argparse.Namespace) -> int:
         if entries is not None and not args.ledger:
             raise ValueError("--entry names ledger entries: give --ledger")
         if entries is not None:
-            from k3num.oracles import ledger
-
-            unknown_entries = sorted(set(entries) - {d.id for d in ledger.LEDGER})
-            if unknown_entries:
-                raise ValueError(f"--entry: no ledger entry {', '.join(unknown_entries)}; known: "
-                                 f"{', '.join(d.id for d in ledger.LEDGER)}")
+            try:
+                check_entries(entries)
+            except ValueError as e:
+                raise ValueError(f"--entry: {e}") from e
         if args.ledger and args.engine:
             raise ValueError("--ledger runs each entry on its own engine: leave out --engine")
         if args.ledger and (args.activations or args.checkpoint):

@@ -33,7 +33,7 @@ stream (K3N-007/008), or the cache the context entries pass through (K3N-014); t
   every layer's scale amax / 448 (the control: what an FP8 cache itself does to the tokens).
 
 A race's case class makes each of its calls `repeats` times on fresh copies: the most frequent output is the
-un-raced one, and the step takes the raced output farthest from it (the worst call seen); `Raced` counts them.
+un-raced one, and the step takes the raced output farthest from it (the worst call seen); `Calls` counts them.
 On the CPU the Triton interpreter runs a kernel's programs one after another, so a race cannot happen there: the
 ledger table then says so instead of reporting "no token changes".
 """
@@ -48,7 +48,7 @@ import torch
 
 from k3num.engines import base
 from k3num.harness.draft_step import EPS  # the AttnRes norms' eps
-from k3num.refmodel.attn_res import aux_tap_branch
+from k3num.refmodel.attn_res import LayerWiring, aux_tap_branch
 
 WRITE_ROW = 0  # the bank row K3N-004/005's caller writes inside the mixed range (the ledger's reproducer's)
 RACE_REPEATS = 200  # calls per tap on the GPU (the ledger's reproducers count races in 200 calls)
@@ -57,8 +57,9 @@ SGLANG_TILE = 1024  # the chunk SGLang's fused aggregation loads without a mask 
 
 
 @dataclass
-class Raced:
-    """A race's count over a row's tap calls: calls made, calls whose output was not the most frequent one."""
+class Calls:
+    """The calls a row's case class made to the entry's kernel, and for a race those whose output was not the most
+    frequent one."""
 
     calls: int = 0
     raced: int = 0
@@ -99,20 +100,17 @@ def _branch(layer: int, kw: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor,
 def mixed_taps(case: Any) -> list[int]:
     """The case's tap layers whose mixture reads at least two blocks (where a row can be written inside the mix
     beside another, or the bank can be one short and still hold a row)."""
-    out = []
-    for layer in case.tap_layers():
+    def blocks(layer: int) -> int:  # aux_tap_branch's: layer i + 1's prev_valid_blocks, or cdiv(L, S) after the last
         if layer + 1 < case.target_layers:
-            nbl = -(-(layer + 1) // case.attn_res_block)
-        else:
-            nbl = -(-case.target_layers // case.attn_res_block)
-        if nbl >= 2:
-            out.append(layer)
-    return out
+            return LayerWiring(layer + 1, case.attn_res_block).prev_valid_blocks
+        return -(-case.target_layers // case.attn_res_block)
+
+    return [layer for layer in case.tap_layers() if blocks(layer) >= 2]
 
 
-def written_in_the_mix(engine: Any, mirror: Any, repeats: int) -> tuple[Any, Any, Raced]:
+def written_in_the_mix(engine: Any, mirror: Any, repeats: int) -> tuple[Any, Any, Calls]:
     """K3N-004/005's case class (module docstring): (inputs hook, subjects hook, the race's count)."""
-    count = Raced()
+    count = Calls()
     stale: dict[int, torch.Tensor] = {}
 
     def inputs(inp: Any, case: Any) -> Any:
@@ -160,7 +158,7 @@ def _stand_in_sublayer(case: Any, like: torch.Tensor) -> torch.Tensor:
     return (torch.randn(h, h, generator=gen, dtype=torch.float64) * h ** -0.5).to(like.dtype).to(like.device)
 
 
-def _through_the_layer(layer_input: Any, count: Raced, mirror: Any, label: str) -> tuple[Any, Any]:
+def _through_the_layer(layer_input: Any, count: Calls, mirror: Any, label: str) -> tuple[Any, Any]:
     """(inputs hook, subjects hook) of a case class whose defect is in a target layer's AttnRes call: each tap's
     state becomes (prefix + delta, the stand-in sublayer of the layer's input, bank), the input `layer_input(layer,
     prefix, pending, bank, weights) -> (the engine's, the one every other side takes)` gives; the engine's tap is
@@ -185,9 +183,9 @@ def _through_the_layer(layer_input: Any, count: Raced, mirror: Any, label: str) 
     return inputs, lambda case: {base.AUX_CAPTURE: (tap, label)}
 
 
-def raced_layer_input(engine: Any, mirror: Any, repeats: int) -> tuple[Any, Any, Raced]:
+def raced_layer_input(engine: Any, mirror: Any, repeats: int) -> tuple[Any, Any, Calls]:
     """K3N-007's case class (module docstring): (inputs hook, subjects hook, the race's count)."""
-    count = Raced()
+    count = Calls()
     kernel = engine.subject(base.ATTN_RES)
 
     def layer_input(layer: int, prefix: Any, pending: Any, bank: Any, w: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -205,13 +203,12 @@ def raced_layer_input(engine: Any, mirror: Any, repeats: int) -> tuple[Any, Any,
                                 "linear stand-in sublayer"), count)
 
 
-def unwritten_layer_input(engine: Any, mirror: Any) -> tuple[Any, Any, Raced]:
+def unwritten_layer_input(engine: Any, mirror: Any) -> tuple[Any, Any, Calls]:
     """K3N-008's case class (module docstring): (inputs hook, subjects hook, the calls made)."""
-    from k3num.harness import oracle
-    from k3num.harness.judges import up
+    from k3num.harness.judges import residual_mixture
     from k3num.oracles.hunt import poisoned_allocations
 
-    count = Raced(label="unwritten memory read as zeros")
+    count = Calls(label="unwritten memory read as zeros")
     aggregate = engine.subject(base.ATTN_RES_RESIDUAL)
 
     def layer_input(layer: int, prefix: Any, pending: Any, bank: Any, w: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -226,8 +223,7 @@ def unwritten_layer_input(engine: Any, mirror: Any) -> tuple[Any, Any, Raced]:
         padded_stream[:tokens] = stream
         with poisoned_allocations(fill=torch.Tensor.zero_):
             got = aggregate(padded_stream[:tokens], padded_bank, nvb, *weights, EPS)
-        want = oracle.current().attn_res_with_sources(up(stream), None, up(bank), *map(up, weights[:2]),
-                                                      up(weights[2]), nvb, -1, EPS, EPS)[0]
+        want, _ = residual_mixture(engine, stream, bank, nvb, *weights, EPS)  # float64
         count.calls += 1
         return got, want.to(stream.dtype)
 
@@ -236,10 +232,10 @@ def unwritten_layer_input(engine: Any, mirror: Any) -> tuple[Any, Any, Raced]:
                                 "read as zeros) through a linear stand-in sublayer"), count)
 
 
-def bank_one_block_short(engine: Any, mirror: Any, short: bool = True) -> tuple[Any, Any, Raced]:
+def bank_one_block_short(engine: Any, mirror: Any, short: bool = True) -> tuple[Any, Any, Calls]:
     """K3N-009/010's case class (module docstring): (inputs hook, subjects hook, the tap calls made). short=False:
     the control, the same call over a bank that holds every row the mixture reads."""
-    count = Raced(label="a bank one block short" if short else "a right-sized bank")
+    count = Calls(label="a bank one block short" if short else "a right-sized bank")
     kernel, plain = engine.subject(base.ATTN_RES), mirror.subject(base.AUX_CAPTURE)
 
     def inputs(inp: Any, case: Any) -> Any:

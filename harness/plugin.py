@@ -175,6 +175,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         f"(default: ${scaleout.SHARDS_ENV} or 1, which leaves every test and node id as it is)",
     )
     group.addoption(
+        "--threads",
+        default=None,
+        metavar="N",
+        help="torch's CPU threads in this process and in each process it starts (xdist workers, a check's sides): "
+        "default 1, or $K3NUM_THREADS; where OMP_NUM_THREADS is set, torch's own choice (harness/run.py)",
+    )
+    group.addoption(
         "--run-limit",
         default=None,
         type=float,
@@ -243,6 +250,9 @@ def pytest_configure(config: pytest.Config) -> None:
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
     ctx = config.stash[RUN] = run.install(_context(config))  # a bad value fails here, before collection
+    run.apply_threads(ctx)
+    if not run_scope.worker_id(config):  # xdist's workers and a test's subprocesses start with this environment
+        env.put("K3NUM_THREADS", str(ctx.threads) if ctx.threads else "")
     config.stash[state.DRIFT] = drift.DriftCollector()
     _resolve_drift_dir(config)
 
@@ -297,10 +307,15 @@ def _context(config: pytest.Config) -> run.RunContext:
         shards = 0
     if shards < 1:
         raise pytest.UsageError(f"--shards / $K3NUM_SHARDS: expected a positive int, got {raw_shards!r}")
+    raw_threads = config.getoption("--threads")
+    try:
+        threads = started.threads if raw_threads is None else run.parse_threads(raw_threads, "--threads")
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from e
     opt = {k: config.getoption(f) for k, f in (("engine_mode", "--engine-mode"), ("checkpoint", "--checkpoint"),
                                                ("golden", "--golden"), ("device", "--device"))}
     try:
-        ctx = dataclasses.replace(started, sources=sources, shards=shards,
+        ctx = dataclasses.replace(started, sources=sources, shards=shards, threads=threads,
                                   **{k: v for k, v in opt.items() if v is not None},
                                   **({"repro_dir": repro_dir} if repro_dir is not None else {}),
                                   repro_all=bool(config.getoption("--repro-all")) or started.repro_all)
@@ -491,6 +506,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _link_latest(config, path)
 
 
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    threads = config.stash[RUN].threads
+    return (f"k3-numerics: torch CPU threads per process: {torch.get_num_threads()} "
+            + ("(--threads / K3NUM_THREADS; default 1: harness/run.py)" if threads else
+               "(torch's own choice: OMP_NUM_THREADS is set)"))
 
 
 def _resolve_drift_dir(config: pytest.Config) -> None:

@@ -14,6 +14,14 @@ may read them: supply/env.py).
     --checkpoint      checkpoint     the checkpoint properties (fixtures.checkpoint.opened)
     --golden          golden         the golden-set properties
     --shards          shards         the plugin's parametrization of `shardable` properties
+    --threads         threads        torch's CPU threads in this process (`apply_threads`)
+
+Threads. Every process the harness starts (the main job, the test command, each xdist worker, each side
+of `k3num check`) runs one torch CPU thread unless the user says otherwise: `--threads N`, K3NUM_THREADS,
+or OMP_NUM_THREADS (torch's own variable; then torch's choice is left alone). The suite's tensors are small:
+torch's default of one thread per core only adds OpenMP's hand-offs, and processes that share the cores
+(xdist workers, two CI jobs) oversubscribe them (docs/performance.md: the main job and the test command
+with the default threads and with one).
 """
 
 from __future__ import annotations
@@ -36,12 +44,15 @@ class RunContext:
     checkpoint: str = ""
     golden: str = ""
     shards: int = 1
+    threads: int = 1  # torch's CPU threads in this process; 0: leave torch's own choice (OMP_NUM_THREADS)
 
     def __post_init__(self) -> None:
         if self.engine_mode not in MODES:
             raise ValueError(f"engine mode: unknown {self.engine_mode!r}; expected one of {list(MODES)}")
         if self.shards < 1:
             raise ValueError(f"shards: expected a positive int, got {self.shards!r}")
+        if self.threads < 0:
+            raise ValueError(f"threads: expected a positive int (0: torch's own choice), got {self.threads!r}")
 
     def source(self, engine: str) -> fetch.Source:
         """Where pin `engine`'s files are read from in this run."""
@@ -57,7 +68,8 @@ class RunContext:
     def to_env(self) -> dict[str, str]:
         """The variables that carry this context to a process this one starts (supply.env.child)."""
         out = {"K3NUM_ENGINE_SRC": ",".join(f"{k}={v}" for k, v in sorted(self.sources.items())),
-               "K3NUM_ENGINE_MODE": self.engine_mode, "K3NUM_REPRO_ALL": "1" if self.repro_all else ""}
+               "K3NUM_ENGINE_MODE": self.engine_mode, "K3NUM_REPRO_ALL": "1" if self.repro_all else "",
+               "K3NUM_THREADS": str(self.threads)}
         for name, value in (("K3NUM_DEVICE", self.device), ("K3NUM_REPRO_DIR", self.repro_dir),
                             ("K3NUM_CHECKPOINT", self.checkpoint), ("K3NUM_GOLDEN", self.golden)):
             out[name] = value
@@ -84,7 +96,36 @@ class RunContext:
         return cls(sources=sources, engine_mode=mode, device=env.get("K3NUM_DEVICE") or "",
                    repro_dir=env.get("K3NUM_REPRO_DIR") or "", repro_all=env.get("K3NUM_REPRO_ALL") == "1",
                    checkpoint=env.get("K3NUM_CHECKPOINT") or "", golden=env.get("K3NUM_GOLDEN") or "",
-                   shards=shards)
+                   shards=shards, threads=threads_from_env())
+
+
+def parse_threads(raw: str, what: str) -> int:
+    """A thread count as given (a positive int); ValueError naming `what`."""
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"{what}: expected a positive int (torch's CPU threads per process), got {raw!r}")
+    return n
+
+
+def threads_from_env() -> int:
+    """The threads a process was started with: K3NUM_THREADS, else 0 (torch's own choice) where the user set
+    OMP_NUM_THREADS, else 1."""
+    raw = env.get("K3NUM_THREADS")
+    if raw:
+        return parse_threads(raw, "K3NUM_THREADS")
+    return 0 if env.get("OMP_NUM_THREADS") else 1
+
+
+def apply_threads(ctx: RunContext) -> int:
+    """Set torch's CPU threads in this process from the context (0 leaves them); the count in force."""
+    import torch
+
+    if ctx.threads and torch.get_num_threads() != ctx.threads:
+        torch.set_num_threads(ctx.threads)
+    return torch.get_num_threads()
 
 
 _PROCESS: list[RunContext] = []  # the context this process was given (install), read by current()

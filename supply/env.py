@@ -37,6 +37,7 @@ VARS: dict[str, Var] = {
     "K3NUM_REPRO_ALL": Var("--repro-all: bundle each property's worst comparison too", (RUN,), (RUN,)),
     "K3NUM_CHECKPOINT": Var("--checkpoint: a user's checkpoint folder", (RUN,), (RUN,)),
     "K3NUM_GOLDEN": Var("--golden: a golden set's folder", (RUN,), (RUN,)),
+    "K3NUM_THREADS": Var("--threads: torch's CPU threads per process", (RUN,), (RUN, "harness/plugin.py")),
     "K3NUM_SHARDS": Var("--shards: the shardable properties' split (gpu_nightly.sh sets it)", (RUN,)),
     # a machine's setting
     "K3NUM_ENGINE_CACHE": Var("where the pinned engine files are extracted", ("supply/fetch.py",)),
@@ -59,6 +60,7 @@ VARS: dict[str, Var] = {
                             ("engines/triton_support.py",),
                             ("engines/triton_support.py", "harness/plugin.py", "harness/cli.py",
                              "harness/store_golden.py", "harness/impact.py")),
+    "OMP_NUM_THREADS": Var("OpenMP's (torch's) CPU threads: set by the user, the run leaves torch's choice", (RUN,)),
     "TORCH_CUDA_ARCH_LIST": Var("the GPU architecture torch's extension builder compiles for", (),
                                 ("supply/cuda_ops.py",)),
     "MAX_JOBS": Var("the parallel jobs of torch's extension builder", (), ("supply/cuda_ops.py",)),

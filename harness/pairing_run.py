@@ -87,10 +87,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "(oracles/pairing.join_sides)")
     group.addoption("--check-replay", default=None, metavar="FILE",
                     help="with --check-side base: the head's cases.pt")
+    group.addoption("--check-moves-to", default=None, metavar="STAGE=FINAL",
+                    help="`k3num check` moves this run's files from the folder STAGE to FINAL when it ends: the log's "
+                         "closing lines name the files where they will be kept")
 
 
 def active(config: pytest.Config) -> bool:
     return bool(config.getoption("--check-base", None)) or solo(config) is not None
+
+
+def shown(config: pytest.Config, path: str | Path) -> Path:
+    """Where a file this run writes will be kept (`--check-moves-to`: under FINAL, where the check moves it)."""
+    spec = config.getoption("--check-moves-to", None)
+    p = Path(path)
+    if not spec or "=" not in spec:
+        return p
+    stage, final = (Path(x) for x in spec.split("=", 1))
+    try:
+        return final / p.resolve().relative_to(stage.resolve())
+    except ValueError:
+        return p
 
 
 def solo(config: pytest.Config) -> str | None:

@@ -165,10 +165,26 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             tw.line(SM100_NOTE)
     written = config.stash.get(state.CSV, None)
     if written:
+        from k3num.harness.pairing_run import shown
+
         latest = config.stash.get(state.LATEST, None)
-        tw.line(f"drift CSV: {written[0]} ({written[1]} records)" + (f"; latest: {latest}" if latest else ""))
-        home = Path(latest).parent if latest else Path(written[0]).parent
-        tw.line(f"next: k3num report --history {home / 'history'} --out {home / 'report'} {written[0]}")
+        csv = shown(config, written[0])
+        tw.line(f"drift CSV: {csv} ({written[1]} records)" + (f"; latest: {shown(config, latest)}" if latest else ""))
+        home = shown(config, Path(latest).parent if latest else Path(written[0]).parent)
+        tw.line(f"next: {k3num_command()} report --history {home / 'history'} --out {home / 'report'} {csv}")
+
+
+def k3num_command() -> str:
+    """How to call the `k3num` command from the user's shell: `k3num` where it is on PATH as this interpreter's,
+    else the interpreter's module form (a venv that is not activated)."""
+    import shutil
+    import sys
+
+    found = shutil.which("k3num")
+    mine = Path(sys.executable).parent / "k3num"
+    if found and Path(found).resolve() == mine.resolve():
+        return "k3num"
+    return f"{sys.executable} -m k3num.harness.cli" if not mine.exists() else str(mine)
 
 
 def _why_never(config: pytest.Config) -> str:

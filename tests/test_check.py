@@ -166,7 +166,7 @@ def _check(tmp_path: Path, *args: str) -> tuple[int, str, Path]:
     r = subprocess.run([sys.executable, "-m", "k3num.harness.cli", "check", *args, "--out", str(out)],
                        cwd=tmp_path, capture_output=True, text=True, timeout=900)
     md = (out / "check.md").read_text() if (out / "check.md").is_file() else ""
-    return r.returncode, r.stderr + md, out
+    return r.returncode, r.stdout + r.stderr + md, out
 
 
 def _need(engine: str) -> None:
@@ -196,9 +196,14 @@ def test_check_flags_tokenspeeds_within_budget_drift(tmp_path):
 def test_check_reports_sglangs_fix_with_the_ledger_entry_to_remove(tmp_path):
     _need("sglang")
     head = fixes.patched_tree(fixes.by_id("K3N-008"), tmp_path / "s")
-    rc, text, _ = _check(tmp_path, "--engine", "sglang", "--head", str(head), "-k", "off_grid")
+    rc, text, out = _check(tmp_path, "--engine", "sglang", "--head", str(head), "-k", "off_grid")
     assert rc == 0, text
     assert "fixes ledger entry K3N-008" in text and "remove it" in text
+    # the paired run's closing lines name the files where the check keeps them, not its staging folder
+    shown = [line for line in text.splitlines() if line.startswith(("drift CSV: ", "next: "))]
+    assert shown and not any(".check-run-" in line for line in shown), shown
+    csv = next(line for line in shown if line.startswith("drift CSV: ")).split()[2]
+    assert Path(csv) == out / "drift.csv" and Path(csv).is_file(), shown
 
 
 def test_check_reports_a_planted_vllm_bug_as_new_with_repro_bundles(tmp_path):

@@ -352,15 +352,24 @@ def replay_commands(bundles: list[str], repro: Path, pin: str, head: Path, devic
 def add_parser(sub) -> None:
     c = sub.add_parser("check", help="the pre-merge check: a head tree against the pinned release (or a base tree) "
                                      "on the same drawn cases: new / fixed / known failures and paired drift; exit 0 "
-                                     "nothing new, 1 new or drift, 2 could not run")
+                                     "nothing new, 1 new or drift, 2 could not run",
+                       description="The pre-merge check: every drawn example of the selected properties runs through "
+                                   "the head tree and the base on the same case; check.md says what is new, fixed, "
+                                   "known and drifting. A tree to edit: `k3num tree ENGINE DIR`.",
+                       epilog="exit codes: 0 nothing new, nothing lost, no drift beyond noise; 1 a new failure, a "
+                              "subject the head cannot run, a flaky failure outside the ledger, or paired drift; 2 "
+                              "could not run (bad --head/--base/--engine, a failed run, nothing selected)")
     c.add_argument("--engine", required=True, help=f"one of {', '.join(registry.pinned())}")
     c.add_argument("--head", required=True, metavar="PATH",
                    help="the change: a tree laid out like the installed package (a checkout's root)")
     c.add_argument("--base", default="pinned", metavar="pinned|PATH",
                    help="the baseline: the pinned release (default) or another tree")
-    c.add_argument("--hypothesis-profile", default="ci", help="hypothesis profile (default ci: derandomized)")
+    c.add_argument("--hypothesis-profile", default="ci",
+                   help="hypothesis profile: ci (default: derandomized, 40 examples), dev, nightly, nightly-1k, "
+                        "gpu-smoke (harness/plugin.py)")
     c.add_argument("-k", default=None, help="a pytest -k expression selecting properties")
-    c.add_argument("--device", default=None, help="device of the small-shape properties")
+    c.add_argument("--device", default=None,
+                   help="device of the small-shape properties: cpu or cuda[:N] (default: cuda where CUDA is, else cpu)")
     c.add_argument("--out", default="out/check", help="output directory (default out/check)")
     c.add_argument("--processes", choices=("auto", "1", "2"), default="auto",
                    help="1: both sides in one process, every example head then base (the oracle once per case); 2: "

@@ -17,6 +17,8 @@
     k3num impact              what each engine's K3 paths do to the draft's proposed tokens (harness/impact.py)
     k3num coverage            every K3 kernel and code path on the three paths: bound or not, the property
                               tests that judge it, why not (harness/coverage.py; --format csv)
+    k3num tree ENGINE DIR     a pinned release's bound files, copied from the hash-checked cache into DIR laid
+                              out like the installed package: a tree to edit for `k3num check --head DIR`
 """
 
 from __future__ import annotations
@@ -51,6 +53,31 @@ def cmd_fetch(args: argparse.Namespace) -> int:
             print(f"[fetch] ERROR: {e}", file=sys.stderr)
             status = 1
     return status
+
+
+def cmd_tree(args: argparse.Namespace) -> int:
+    """Exit 0 written, 2 bad input (an unknown engine, an engine not fetched, a non-empty DIR without --force)."""
+    from k3num.harness import fixes
+
+    if args.engine not in fetch.PINS:
+        print(f"[tree] ERROR: {args.engine}: not a pinned engine; valid: {', '.join(sorted(fetch.PINS))}",
+              file=sys.stderr)
+        return 2
+    dest = Path(args.dir).expanduser()
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())) and not args.force:
+        print(f"[tree] ERROR: {dest}: exists and is not an empty folder (--force replaces it)", file=sys.stderr)
+        return 2
+    try:
+        fixes.pinned_tree(args.engine, dest)
+    except fixes.FixError as e:
+        print(f"[tree] ERROR: {e}", file=sys.stderr)
+        return 2
+    pin = fetch.PINS[args.engine]
+    print(f"[tree] {args.engine} {pin.version}: {len(pin.files)} files into {dest.resolve()}; edit them, then "
+          f"`k3num check --engine {args.engine} --head {dest}`", file=sys.stderr)
+    for rel in pin.files:
+        print(rel)
+    return 0
 
 
 def fetch_targets() -> list[str]:
@@ -293,7 +320,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="k3num", description="k3-numerics: the K3 numerics harness's tools")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     f = sub.add_parser("fetch", help="download the pinned engine wheels (and vLLM's csrc subset) and extract "
-                                     "the files the adapters need, hash-checked")
+                                     "the files the adapters need, hash-checked",
+                       description="Download the pinned engine wheels (and vLLM's source distribution for its csrc "
+                                   "subset, and the one compiled library a GPU run loads), check each against its "
+                                   "sha256 pin (supply/fetch.py), and extract the files the adapters need into the "
+                                   "engine cache (~/.cache/k3-numerics/engines, K3NUM_ENGINE_CACHE). Idempotent: a "
+                                   "fetched target is checked, not downloaded again. Exit 0 all fetched, 1 a target "
+                                   "failed, 2 an unknown target.")
     f.add_argument("targets", nargs="*", help=f"default: all ({', '.join(fetch_targets())})")
     f.set_defaults(func=cmd_fetch)
     b = sub.add_parser("build-ops", help="build vLLM's rms_norm, rotary_embedding, concat_and_cache_mla_grouped and "
@@ -348,6 +381,15 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--device-name", default=None, help="override the run's device name")
     rep.add_argument("--harness-commit", default=None, help="override the run's harness commit")
     rep.set_defaults(func=cmd_report)
+    t = sub.add_parser("tree", help="copy a pinned release's bound files into DIR, laid out like the installed "
+                                    "package: a tree to edit and judge with `k3num check --head DIR`",
+                       description="Copy the pinned release's bound files (the ones the adapters read, from the "
+                                   "hash-checked cache) into DIR laid out like the installed package. Edit them, "
+                                   "then `k3num check --engine ENGINE --head DIR`. Exit 0 written, 2 bad input.")
+    t.add_argument("engine", help=f"one of {', '.join(sorted(fetch.PINS))}")
+    t.add_argument("dir", metavar="DIR", help="a new or empty folder")
+    t.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    t.set_defaults(func=cmd_tree)
     from k3num.harness import check, coverage, impact
 
     check.add_parser(sub)

@@ -706,14 +706,21 @@ def _markdown(table: pd.DataFrame, args: argparse.Namespace, cols: list[str]) ->
 def add_parser(sub) -> None:
     p = sub.add_parser("impact", help="what each engine's K3 paths do to the draft's proposed tokens: per (engine, "
                                       "drafter) the positions identical, tie-broken and diverged against the float64 "
-                                      "draft step; exit 0 nothing diverged, 1 a decided token flipped, 2 could not run")
+                                      "draft step; exit 0 no decided token flipped outside the ledger, 1 one did, 2 "
+                                      "could not run",
+                       epilog="exit codes: 0 no decided token flipped outside the ledger (a row whose flips a ledger "
+                              "entry explains, e.g. vllm-rocm's K3N-001, is labelled with it and does not fail); 1 a "
+                              "decided token flipped outside the ledger; 2 could not run (bad input). With --ledger: "
+                              "0 when every entry's row ran or said why not.")
     p.add_argument("--engine", default=None, help="engines (comma-separated; default: the real engines)")
     p.add_argument("--engine-src", action="append", default=[], metavar="NAME=PATH",
                    help="read an engine's files from a local tree (a checkout, a patch)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda where there is one)")
     p.add_argument("--cases", type=int, default=20, help="seeded blocks per engine and drafter (default 20)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--format", choices=("md", "csv"), default="md")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the case draws: the same seed gives the same cases, weights and inputs (default 0)")
+    p.add_argument("--format", choices=("md", "csv"), default="md",
+                   help="md (default): a Markdown table with its legend; csv: one row per (engine, drafter, row)")
     p.add_argument("--activations", default=None, metavar="FILE",
                    help="a serving run's captured taps and positions (safetensors: fixtures/activations.py; "
                         "docs/capturing-activations.md): the cases are these inputs under drawn draft weights at the "

@@ -26,6 +26,7 @@ ROCM_ATTN_RES = "vllm/models/kimi_k3/amd/ops/attn_res.py"
 SGLANG_ATTN = "sglang/srt/layers/attn_residual.py"
 SGLANG_MATERIALIZE = "sglang/kernels/ops/speculative/fused_kv_materialize.py"
 TOKENSPEED_MODEL = "tokenspeed/runtime/models/kimi_k3_dspark.py"
+TOKENSPEED_CONTEXT = "tokenspeed/runtime/execution/dspark_context.py"
 
 
 class FixError(RuntimeError):
@@ -214,6 +215,32 @@ def split_context_projection(text: str, path: str) -> str:
     return "".join(lines)
 
 
+def round_accumulator_per_tap(text: str, path: str) -> str:
+    """Planted bug (one extra bf16 rounding per tap, issue 37/38): DSparkContextProducer.add_capture keeps the
+    pipeline's running sum in float32 ("float32 accumulation avoids rounding between taps"); this rounds it
+    to bf16 after every tap. Inside K3N-006's files and its test, it is not K3N-006's bug."""
+    lines = text.splitlines(keepends=True)
+    lo, hi = _method_lines(text, "add_capture", path)
+    i = _one(lines, lo, hi, r"^\s*projected\.add_\(self\.model\.project_target_tap\(capture_idx, hidden\)\)\s*$", path)
+    lines[i] = lines[i].replace("projected.add_(self.model.project_target_tap(capture_idx, hidden))",
+                                "projected.copy_(projected.add(self.model.project_target_tap(capture_idx, hidden))"
+                                ".bfloat16())  # k3num planted")
+    return "".join(lines)
+
+
+def score_norm_by_padded_width(text: str, path: str) -> str:
+    """Planted bug (a masked-lane slip, issue 37/38): ROCm's _attn_res_kernel divides each source's sum of
+    squares by the padded block width BLOCK_D instead of hidden_size, so every hidden size that is not a power of
+    two (K3's 7168 among them) gets another softmax. Inside K3N-007's file and tests, it is not K3N-007's race."""
+    line = r"^\s*tl\.sum\(values \* values, axis=1\) \* \(1\.0 / hidden_size\) \+ eps\s*$"
+    return _replace_in(text, path, "_attn_res_kernel", line, "(1.0 / hidden_size)", "(1.0 / BLOCK_D)")
+
+
+def comment_only(path: str) -> Edit:
+    """A control: `path` with one comment line appended (the pinned code, other bytes)."""
+    return lambda text, rel: text + "\n# k3num control: a comment, no code changed\n"
+
+
 def _method_lines(text: str, name: str, path: str) -> tuple[int, int]:
     """(first, last) 0-based line numbers of the one method `name` of any class."""
     hits = [(n.lineno - 1, (n.end_lineno or n.lineno) - 1) for n in ast.walk(ast.parse(text))
@@ -291,11 +318,25 @@ DRIFTS: tuple[Fix, ...] = (
 )
 
 
+# fresh bugs planted inside a ledger entry's files and tests (issue 37): "known" must mean the entry's bug, so
+# each must be new under `k3num check`, and its control (a comment in the same file) must be nothing
+FRESH: tuple[Fix, ...] = (
+    Fix("accumulator-bf16", "tokenspeed", ((TOKENSPEED_CONTEXT, round_accumulator_per_tap),), ("tokenspeed",),
+        ("properties/test_partial_projection.py::test_sharded_adds_no_rounding_beyond_its_partials_when_taps_cancel",)),
+    Fix("accumulator-control", "tokenspeed", ((TOKENSPEED_CONTEXT, comment_only(TOKENSPEED_CONTEXT)),), ("tokenspeed",),
+        ()),
+    Fix("rocm-score-norm-block-d", "vllm", ((ROCM_ATTN_RES, score_norm_by_padded_width),), ("vllm-rocm",),
+        ("properties/test_attn_res.py::test_attn_res_within_rounding_budget_of_oracle",)),
+    Fix("attn-res-control", "vllm", ((VLLM_ATTN_RES, comment_only(VLLM_ATTN_RES)),), ("vllm",), ()),
+)
+
+
 def by_id(fix_id: str) -> Fix:
-    for f in FIXES + TREE_MUTANTS + DRIFTS + PLANTED:
+    every = FIXES + TREE_MUTANTS + DRIFTS + PLANTED + FRESH
+    for f in every:
         if f.id == fix_id:
             return f
-    raise ValueError(f"unknown fix {fix_id!r}; known: {[f.id for f in FIXES + TREE_MUTANTS + DRIFTS + PLANTED]}")
+    raise ValueError(f"unknown fix {fix_id!r}; known: {[f.id for f in every]}")
 
 
 def pinned_tree(engine: str, dest: Path) -> Path:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from k3num.oracles import ledger, records
+from k3num.oracles import ledger, pairing, records
 from k3num.oracles.drift import COLLECTOR
 
 # the entry id of each failing case inside its rule, in the test running now (scoped by `counting`)
@@ -42,7 +42,7 @@ def ledgered(inner):
         return inner
     from hypothesis.errors import HypothesisException
 
-    from k3num.harness import ledger_cases
+    from k3num.harness import ledger_cases, ledger_models
 
     entries: dict[str, list[ledger.Divergence]] = {}
 
@@ -52,15 +52,24 @@ def ledgered(inner):
         if not filed:
             return inner(*args, **kwargs)
         calls: dict[str, Any] = {}  # subject -> the view of the last call the example made to it
+        recorded: list[ledger_models.Call] = []  # the calls the filed entries' bug models read
         drawn = {k: v for k, v in kwargs.items() if k != "engine"}
+        engine = record_calls(_recording(kwargs["engine"], calls), model_subjects(filed), recorded)
         try:
-            return inner(*args, **{**kwargs, "engine": _recording(kwargs["engine"], calls)})
+            return inner(*args, **{**kwargs, "engine": engine})
         except (pytest.skip.Exception, HypothesisException):
             raise
-        except (pytest.fail.Exception, Exception):  # an assertion, a refusal not raised, any error
-            covering = [d.id for d in filed if ledger_cases.inside(d.id, drawn, calls)]
-            if not covering:
+        except (pytest.fail.Exception, Exception) as e:  # an assertion, a refusal not raised, any error
+            inside = [d.id for d in filed if ledger_cases.inside(d.id, drawn, calls)]
+            if not inside:
                 raise  # outside every entry's cases: a failure like any other
+            # inside an entry's region, known only where its bug model explains what the engine computed
+            unexplained = {eid: ledger_models.explains(eid, recorded) for eid in inside}
+            covering = [eid for eid in inside if not unexplained[eid]]
+            if not covering:
+                e.add_note("; ".join(unexplained.values()) + ": inside the region of the ledger, but not its bug: "
+                           "a new failure (harness/ledger_models.py)")
+                raise
             known = _KNOWN.get()
             if known is None:
                 raise RuntimeError("a ledgered test body ran outside ledger_run.counting(): its known case "
@@ -72,6 +81,92 @@ def ledgered(inner):
 
     body._k3num_entries = entries  # type: ignore[attr-defined]
     return body
+
+
+UNEXPLAINED = pairing.UNEXPLAINED  # oracles/pairing.py reads a head failure carrying it as new
+
+
+def modelled(inner):
+    """`k3num check`'s form of `ledgered`: nothing is let pass (the pairing tells known from new), but a
+    failure inside an entry's region that its bug model does not explain is re-raised marked UNEXPLAINED, so
+    the check counts it new even where the base fails the same example."""
+    if hasattr(inner, "_k3num_model_entries"):
+        return inner
+    from hypothesis.errors import HypothesisException
+
+    entries_of: dict[str, list[ledger.Divergence]] = {}  # engine name -> the entries filed for its test
+
+    from k3num.harness import ledger_cases, ledger_models
+
+    @functools.wraps(inner)
+    def body(*args, **kwargs):
+        filed = [d for d in entries_of.get(getattr(kwargs.get("engine"), "name", None), ())
+                 if d.id in ledger_models.MODELS]
+        if not filed:
+            return inner(*args, **kwargs)
+        calls: dict[str, Any] = {}
+        recorded: list[ledger_models.Call] = []
+        drawn = {k: v for k, v in kwargs.items() if k != "engine"}
+        engine = record_calls(_recording(kwargs["engine"], calls), model_subjects(filed), recorded)
+        try:
+            return inner(*args, **{**kwargs, "engine": engine})
+        except (pytest.skip.Exception, HypothesisException):
+            raise
+        except (pytest.fail.Exception, Exception) as e:
+            inside = [d.id for d in filed if ledger_cases.inside(d.id, drawn, calls)]
+            why = [w for w in (ledger_models.explains(eid, recorded) for eid in inside) if w]
+            if inside and len(why) == len(inside):
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                raise AssertionError(f"{UNEXPLAINED} {type(e).__name__}: {first[:200]}; {'; '.join(why)}") from e
+            raise
+
+    body._k3num_model_entries = entries_of  # type: ignore[attr-defined]
+    return body
+
+
+def model_subjects(entries) -> tuple[str, ...]:
+    """The subjects whose calls the entries' bug models read (harness/ledger_models.py)."""
+    from k3num.harness import ledger_models
+
+    return tuple(dict.fromkeys(s for d in entries for s in getattr(ledger_models.MODELS.get(d.id), "subjects", ())))
+
+
+def _cloned(x: Any) -> Any:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_cloned(v) for v in x)
+    return x
+
+
+LIMIT = 64  # calls kept per example (the repeat properties make 152 of one call; the first ones say it)
+
+
+def record_calls(engine: Any, subjects: tuple[str, ...], into: list) -> Any:
+    """`engine` with each subject of `subjects` appending a ledger_models.Call to `into`: its inputs cloned
+    before the call (a kernel may rewrite them in place) and its output (at most LIMIT calls)."""
+    from k3num.harness.ledger_models import Call
+
+    watched = {name: fn for name, fn in getattr(engine, "subjects", {}).items() if name in subjects}
+    if not watched:
+        return engine
+
+    def recorder(name: str, fn: Any) -> Any:
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            keep = len(into) < LIMIT
+            before = (_cloned(args), _cloned(kwargs)) if keep else None
+            out = fn(*args, **kwargs)
+            if before is not None:
+                into.append(Call(name, before[0], before[1], _cloned(out)))
+            return out
+
+        return call
+
+    return dataclasses.replace(engine, subjects={**engine.subjects,
+                                                 **{n: recorder(n, f) for n, f in watched.items()}})
 
 
 def _recording(engine: Any, calls: dict[str, Any]) -> Any:

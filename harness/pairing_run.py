@@ -272,6 +272,32 @@ def _paired(inner, config: pytest.Config):
     return body
 
 
+def record_fixed_case(config: pytest.Config, node: str, entry_id: str, head: Engine, attempt) -> None:
+    """A test with one fixed case and no `engine` argument (a ledger entry's reproducer) paired by hand:
+    `attempt(engine) -> (outcome, why)` on the head and, in one process, on the base; the rows join the
+    check's examples as any example's do, the entry id in `ledger` (oracles/pairing.py reads a reproducer's
+    rows for "fixed")."""
+    state = config.stash[CHECK]
+    token = _SIDE.set("head")
+    try:
+        h, h_why = attempt(head)
+    finally:
+        _SIDE.reset(token)
+    if solo(config):
+        state.examples.append({"node": node, "example": 1, "side": solo(config), "engine": head.name,
+                               "outcome": h, "why": h_why, "ledger": entry_id,
+                               "case": case_key({"entry": entry_id}, {})})
+        return
+    base = base_for(config, head)
+    token = _SIDE.set("base")
+    try:
+        b, b_why = attempt(base)
+    finally:
+        _SIDE.reset(token)
+    state.examples.append({"node": node, "example": 1, "head": h, "base": b, "head_why": h_why, "base_why": b_why,
+                           "ledger": entry_id})
+
+
 def case_key(kwargs: dict, drawn: dict) -> str:
     """What a two-process check joins an example's sides by, beside (node, example): a digest of the
     example's arguments (the engine left out) and of the values it drew inside its body."""

@@ -3,8 +3,11 @@
 Nothing is loosened for these. An entry covers, in its (engine, version,
 property test[, mode]) and the tests in `also`, only the drawn cases its rule
 names (harness/ledger_cases.py): a failing case inside is the known
-divergence (the test is reported xfailed, naming the entry), any other failing
-case fails the test (harness/ledger_run.py). Strictness is the reproducer's:
+divergence (the test is reported xfailed, naming the entry) only where the
+entry's bug model explains what the engine computed (harness/ledger_models.py;
+an entry without one says why in ledger_cases' `no_model`), any other failing
+case fails the test (harness/ledger_run.py). A reproducer reproduces only with
+its entry's signature (a regex on the failure) and model. Strictness is the reproducer's:
 each entry's minimal case runs as a strict case
 (properties/test_ledger_reproducers.py), so an upstream fix turns it red and
 the entry must then be removed. An entry applies while its `files` are the

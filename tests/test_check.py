@@ -56,9 +56,9 @@ def test_outcomes_tell_new_fixed_known_and_what_the_head_lost():
     assert found.loc["w[a]", "status"] == "head cannot run" and found.loc["w[a]", "examples"] == 0
     assert found.loc["z[a]", "status"] == "same"
     assert found.loc["r[a]", ["flaky", "status"]].tolist() == [1, "flaky"]
-    # a head-only failure where the ledger files a race (K3N-004: GPU run 34 saw the pinned bytes fail one
-    # case on one load and pass it on another) is that race's; where it files a deterministic bug, it is new
-    assert found.loc["s[a]", ["new", "flaky", "known", "status"]].tolist() == [0, 1, 1, "flaky"]
+    # a head-only failure that repeated under CONFIRM is new whatever entry its test has, a race's included
+    # (issue 37: the race rule used to file a deterministic bug under K3N-007); a flaky one stays flaky
+    assert found.loc["s[a]", ["new", "flaky", "known", "status"]].tolist() == [1, 0, 1, "new"]
     assert found.loc["p[a]", ["new", "status"]].tolist() == [1, "new"]
     no_drift = pairing.paired_drift(pd.DataFrame(columns=list(pairing.RECORD_COLUMNS)))
     # a flaky failure is a known race under a ledger entry, and a finding without one
@@ -66,6 +66,19 @@ def test_outcomes_tell_new_fixed_known_and_what_the_head_lost():
     assert pairing.exit_code(found.loc[["q[a]"]].reset_index(), no_drift) == 1
     assert pairing.exit_code(found.loc[["u[a]", "v[a]"]].reset_index(), no_drift) == 0  # fixed, known
     assert pairing.exit_code(found.loc[["t[a]"]].reset_index(), no_drift) == 1
+
+
+def test_a_race_that_did_not_fire_on_the_head_fixes_nothing_unless_its_reproducer_passes_there():
+    rows = [("k[a]", 1, "pass", "fail", "", "x", "K3N-004"), ("u[a]", 1, "fail", "fail", pairing.UNEXPLAINED + " x",
+                                                                "x", "K3N-006")]
+    found = pairing.outcomes(_examples(rows)).set_index("node")
+    assert found.loc["k[a]", ["fixed", "flaky", "status"]].tolist() == [0, 1, "flaky"]
+    # a failure on both sides that the entry's model rejects on the head is new, not known
+    assert found.loc["u[a]", ["new", "known", "status"]].tolist() == [1, 0, "new"]
+    repro = f"{pairing.REPRODUCER}[K3N-004]"
+    found = pairing.outcomes(_examples([*rows, (repro, 1, "pass", "fail", "", "x", "K3N-004")])).set_index("node")
+    assert found.loc["k[a]", ["fixed", "status"]].tolist() == [1, "fixed"]
+    assert found.loc[repro, "status"] == "fixed"
 
 
 def _records(pairs, budget=1.0):

@@ -1,0 +1,170 @@
+"""Each known divergence's model of its bug: what the defective code computes, as a function of the call
+(issue 37: "known" must mean "the same bug", judged by what the kernel computed, not by where it failed).
+
+A failing example inside an entry's region (harness/ledger_cases.py) is known only when every recorded
+call the entry's model reads is explained by the model: the engine's output equals what the defective
+code computes on those inputs, within the budget of what the model leaves out (float32 accumulation,
+the one rounding of the output). Any other failure in the region is new. The recorder
+(harness/ledger_run.py) keeps each call's inputs as they were before the call (a kernel may rewrite them
+in place) and its output.
+
+    entry      subject              the defective computation
+    K3N-001/2  aux_capture          the tap returns the prefix, bf16(prefix_sum + pending), where the
+                                    mixture belongs (amd/linear.py _maybe_add_hidden_state ignores the flag)
+    K3N-006    stage_partial        each tap's projection rounded to bf16 (project_target_tap), the taps
+                                    summed in float32 (add_capture): sum_i bf16(h_i W_i^T)
+               finalize_projection  the float32 sum of the partials rounded to bf16 before the norm
+                                    (finalize_target_projection), then the norm in float32, rounded once
+
+Where a rounding's input lies within the float32 accumulation error of a rounding boundary, the model
+cannot say which neighbour the engine takes: both are allowed there (`_ambiguous_ulp`), so an exact
+contract holds on real code and one more bf16 rounding anywhere else is outside it. Entries with no
+model here say why in ledger_cases.CASES (`no_model`); their region rule alone decides.
+
+Shapes: as engines/base.py's subject signatures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from k3num.engines import base
+
+U_BF16 = 2.0**-8  # bf16's unit roundoff (oracles/budgets.py UNIT_ROUNDOFF)
+U_FP32 = 2.0**-24
+MARGIN = 2.0  # the doctrine's c (BRIEF §5): the model's bound is a worst case, doubled as every budget is
+
+
+@dataclass(frozen=True)
+class Call:
+    """One subject call as the engine saw it: its inputs before the call (cloned) and its output."""
+
+    subject: str
+    args: tuple
+    kwargs: dict[str, Any]
+    out: Any
+
+
+def _ulp_bf16(x: torch.Tensor) -> torch.Tensor:
+    """The spacing of bf16 numbers at |x| (float64): 2^(floor(log2 |x|) - 7), and the subnormal floor at 0."""
+    a = x.abs().clamp_min(2.0**-126)
+    return torch.exp2(torch.floor(torch.log2(a)) - 7)
+
+
+def _ambiguous_ulp(exact: torch.Tensor, err: torch.Tensor) -> torch.Tensor:
+    """Where the float64 value `exact`, known to the engine only within `err` (its float32 accumulation),
+    is that close to a bf16 rounding midpoint, the engine may round either way: one bf16 ulp allowed there,
+    0 elsewhere."""
+    ulp = _ulp_bf16(exact)
+    r = exact.to(torch.bfloat16).double()
+    to_mid = (ulp / 2 - (exact - r).abs()).abs()  # distance of the exact value to the nearer midpoint
+    return torch.where(to_mid <= err, ulp, torch.zeros_like(ulp))
+
+
+def _within(out: torch.Tensor, want: torch.Tensor, bound: torch.Tensor, what: str) -> str:
+    """'' when |out - want| <= MARGIN * bound everywhere (NaN never passes), else why not."""
+    err = (out.double() - want).abs()
+    over = ~(err <= MARGIN * bound)
+    if not bool(over.any()):
+        return ""
+    i = int(torch.argmax(torch.where(over, err / bound.clamp_min(1e-300), torch.zeros_like(err))).item())
+    return (f"{what}: {int(over.sum())} of {over.numel()} elements outside the model (worst {err.flatten()[i]:.3g} "
+            f"vs {MARGIN * bound.flatten()[i]:.3g})")
+
+
+# ---- K3N-001 / K3N-002: the ROCm tap returns the prefix -------------------------------------------
+
+
+def tap_returns_the_prefix(calls: list[Call]) -> str:
+    """The tap's output is the prefix it would mix, bf16(prefix_sum + pending) (one rounding of the sum)."""
+    if not calls:
+        return "no aux_capture call was made"
+    for c in calls:
+        prefix_sum, pending = c.args[1], c.args[2]
+        want = prefix_sum.double() + (pending.double() if pending is not None else 0.0)
+        why = _within(c.out, want, U_BF16 * want.abs(), "the tap against the prefix it should have mixed")
+        if why:
+            return why
+    return ""
+
+
+# ---- K3N-006: TokenSpeed rounds each tap's projection to bf16 -------------------------------------
+
+
+def _stage_partial_model(c: Call) -> str:
+    taps, fc, members = c.args[0], c.args[1], list(c.args[2])
+    h = taps.shape[-1]
+    want = torch.zeros(taps.shape[1], fc.shape[0], dtype=torch.float64, device=taps.device)
+    slack = torch.zeros_like(want)
+    absum = torch.zeros_like(want)
+    for i in sorted(members):
+        a, w = taps[i].double(), fc[:, i * h:(i + 1) * h].double()
+        p = a @ w.T  # [N, H_out] the tap's exact projection
+        gemm_err = h * U_FP32 * (a.abs() @ w.abs().T)  # the GEMM's float32 accumulation before its rounding
+        r = p.to(torch.bfloat16).double()  # project_target_tap: one bf16 rounding per tap
+        slack += _ambiguous_ulp(p, gemm_err) + gemm_err
+        want += r
+        absum += r.abs()
+    bound = slack + max(len(members), 1) * U_FP32 * absum  # add_capture: the float32 running sum
+    return _within(c.out, want, bound + 1e-300, f"the stage partial of taps {members}")
+
+
+def _finalize_model(c: Call) -> str:
+    from k3num.refmodel.rmsnorm import rms_norm
+
+    partials, norm, eps, order = c.args[0], c.args[1], c.args[2], list(c.args[4])
+    s = sum(partials[i].double() for i in order)  # [N, H_out] the float32 partials' exact sum
+    sum_err = len(order) * U_FP32 * sum(partials[i].double().abs() for i in order)
+    r = s.to(torch.bfloat16).double()  # finalize_target_projection: the sum rounded to bf16 before the norm
+    want = rms_norm(r, norm.double(), float(eps))
+    # the norm in float32, its output rounded once; an ambiguous pre-norm rounding moves that element by one
+    # ulp of r (times its weight over the row's rms)
+    rms = (r.square().mean(dim=-1, keepdim=True) + float(eps)).sqrt()
+    moved = _ambiguous_ulp(s, sum_err) * norm.double().abs() / rms
+    bound = U_BF16 * want.abs() + moved + r.shape[-1] * U_FP32 * want.abs()
+    return _within(c.out, want, bound + 1e-300, "the finalized projection")
+
+
+def tap_projections_rounded_to_bf16(calls: list[Call]) -> str:
+    """Every stage partial is sum_i bf16(h_i W_i^T) in float32, and every finalize rounds the float32 sum to
+    bf16 before the norm: K3N-006's roundings and no other."""
+    relevant = [c for c in calls if c.subject in (base.STAGE_PARTIAL, base.FINALIZE_PROJECTION)]
+    if not relevant:
+        return "no stage partial or finalize call was made"
+    for c in relevant:
+        why = _stage_partial_model(c) if c.subject == base.STAGE_PARTIAL else _finalize_model(c)
+        if why:
+            return why
+    return ""
+
+
+@dataclass(frozen=True)
+class BugModel:
+    subjects: tuple[str, ...]  # the subjects whose calls it reads
+    explains: Callable[[list[Call]], str]  # '' explained, else why not
+    what: str  # the defective computation, in one line
+
+
+MODELS: dict[str, BugModel] = {
+    "K3N-001": BugModel((base.AUX_CAPTURE,), tap_returns_the_prefix,
+                        "the tap returns bf16(prefix_sum + pending) where the next layer's mixture belongs"),
+    "K3N-002": BugModel((base.AUX_CAPTURE,), tap_returns_the_prefix,
+                        "the tap returns bf16(prefix_sum + pending) where the output mixture belongs"),
+    "K3N-006": BugModel((base.STAGE_PARTIAL, base.FINALIZE_PROJECTION), tap_projections_rounded_to_bf16,
+                        "each tap's projection rounded to bf16, summed in float32; the sum rounded to bf16 "
+                        "before the norm"),
+}
+
+
+def explains(entry_id: str, calls: list[Call]) -> str:
+    """'' where the entry's model explains these calls (or the entry has no model: its region decides), else
+    why not, naming the entry."""
+    model = MODELS.get(entry_id)
+    if model is None:
+        return ""
+    why = model.explains([c for c in calls if c.subject in model.subjects])
+    return f"not {entry_id}'s bug ({model.what}): {why}" if why else ""

@@ -1,0 +1,167 @@
+"""Known means the same bug (issue 37): each ledger entry's reproducer reproduces only with its own signature
+and bug model, a failure inside an entry's region that its model does not explain is new, and `k3num check`
+judges a head that edits an entry's files instead of aborting."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from k3num.engines import base, registry
+from k3num.harness import fixes, ledger_cases, ledger_models
+from k3num.oracles import ledger, pairing
+from k3num.properties import test_ledger_reproducers as reproducers
+from k3num.supply import fetch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_entry_has_a_signature_and_a_bug_model_or_the_reason_it_has_none():
+    """The ledger's records are complete: a reproducer signature for every entry, and a bug model
+    (harness/ledger_models.py) or a stated reason for having none (ledger_cases.CASES' no_model)."""
+    assert ledger_cases.incomplete(ledger.LEDGER) == []
+    for d in ledger.LEDGER:
+        assert bool(ledger_cases.CASES[d.id].no_model) != (d.id in ledger_models.MODELS), d.id
+
+
+def test_an_entry_without_a_model_or_a_reason_is_named():
+    bare = dataclasses.replace(ledger.by_id("K3N-003"), id="K3N-999")
+    cases = {**ledger_cases.CASES, "K3N-999": dataclasses.replace(ledger_cases.CASES["K3N-003"], no_model="")}
+    assert ledger_cases.incomplete([bare], cases) == ["K3N-999: no bug model and no reason for none (no_model)"]
+    unsigned = {**cases, "K3N-999": dataclasses.replace(cases["K3N-999"], no_model="x", signature="")}
+    assert ledger_cases.incomplete([bare], unsigned) == ["K3N-999: no reproducer signature"]
+    assert ledger_cases.incomplete([bare], {}) == ["K3N-999: no case rule in harness/ledger_cases.py"]
+
+
+# ---- the models themselves, on planted roundings of known size ----------------------------------------
+
+
+def _bf(x):
+    return x.to(torch.bfloat16)
+
+
+def test_the_prefix_model_explains_the_prefix_and_rejects_a_mixture():
+    g = torch.Generator().manual_seed(0)
+    ps, pd = _bf(torch.randn(3, 16, generator=g)), _bf(torch.randn(3, 16, generator=g))
+    call = lambda out: ledger_models.Call(base.AUX_CAPTURE, (0, ps, pd, None), {}, out)  # noqa: E731
+    assert ledger_models.tap_returns_the_prefix([call(ps + pd)]) == ""
+    mixed = _bf(0.6 * ps.float() + 0.4 * pd.float())
+    assert "outside the model" in ledger_models.tap_returns_the_prefix([call(mixed)])
+
+
+def _stage(taps, fc, members, round_running_sum: bool):
+    h = taps.shape[-1]
+    acc = torch.zeros(taps.shape[1], fc.shape[0])
+    for i in members:
+        acc += torch.nn.functional.linear(taps[i], fc[:, i * h:(i + 1) * h]).float()
+        if round_running_sum:
+            acc = acc.bfloat16().float()
+    return acc
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_k3n_006s_model_explains_its_roundings_and_rejects_one_more_per_tap(seed: int):
+    """K3N-006's model (sum_i bf16(h_i W_i^T) in float32) explains TokenSpeed's own arithmetic bit for bit on
+    random inputs, and rejects the planted bf16 rounding of the running sum after every tap."""
+    g = torch.Generator().manual_seed(seed)
+    taps, fc = _bf(torch.randn(4, 8, 64, generator=g)), _bf(torch.randn(32, 4 * 64, generator=g) * 0.1)
+    members = [0, 1, 2, 3]
+    ok = ledger_models.Call(base.STAGE_PARTIAL, (taps, fc, members), {}, _stage(taps, fc, members, False))
+    bad = ledger_models.Call(base.STAGE_PARTIAL, (taps, fc, members), {}, _stage(taps, fc, members, True))
+    assert ledger_models.tap_projections_rounded_to_bf16([ok]) == ""
+    assert "the stage partial of taps [0, 1, 2, 3]" in ledger_models.tap_projections_rounded_to_bf16([bad])
+
+
+# ---- the reproducers' signatures ----------------------------------------------------------------------
+
+
+def _engine(name: str):
+    try:
+        return registry.get(name, {}, "source")
+    except registry.EngineUnavailable as e:
+        pytest.skip(f"{name} unavailable: {e}")
+
+
+def test_a_reproducer_reproduces_only_with_its_signature_and_an_adapter_breakage_is_named():
+    engine = _engine("tokenspeed")
+    got, why = reproducers.attempt("K3N-006", engine)
+    assert got == reproducers.REPRODUCED, why
+
+    def broken(*args, **kwargs):
+        raise TypeError("finalize() got an unexpected keyword argument 'order'")
+
+    engine2 = dataclasses.replace(engine, subjects={**engine.subjects, base.FINALIZE_PROJECTION: broken})
+    got, why = reproducers.attempt("K3N-006", engine2)
+    assert got == reproducers.OTHER and "TypeError: finalize() got an unexpected keyword" in why, why
+
+
+def test_a_reproducer_whose_failure_its_model_rejects_is_not_reproduced(tmp_path):
+    """The planted accumulator rounding fails K3N-006's reproducer case too; where it does not, the model
+    still has to explain the calls (here: it is judged on the calls the reproducer made)."""
+    if not fetch.verified_manifest("tokenspeed"):
+        pytest.skip("tokenspeed is not fetched")
+    tree = fixes.patched_tree(fixes.by_id("accumulator-bf16"), tmp_path / "t")
+    engine = registry.get("tokenspeed", {"tokenspeed": tree}, "source")
+    got, why = reproducers.attempt("K3N-006", engine)
+    # the reproducer's one stage of two cancelling taps rounds to the same bf16 either way: reproduced, or
+    # (if a rounding differs) rejected by the model, never reported as the entry's bug with another cause
+    assert got in (reproducers.REPRODUCED, reproducers.OTHER), why
+    if got == reproducers.OTHER:
+        assert "not K3N-006's bug" in why
+
+
+# ---- k3num check around a known bug -------------------------------------------------------------------
+
+
+def _check(tmp_path: Path, *args: str) -> tuple[int, str]:
+    out = tmp_path / "check"
+    r = subprocess.run([sys.executable, "-m", "k3num.harness.cli", "check", *args, "--out", str(out)], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=900)
+    md = (out / "check.md").read_text() if (out / "check.md").is_file() else ""
+    return r.returncode, r.stderr[-3000:] + md
+
+
+def _need(engine: str) -> None:
+    if not fetch.verified_manifest(engine):
+        pytest.skip(f"{engine} is not fetched (k3num fetch {engine})")
+
+
+def test_check_judges_a_comment_in_a_ledger_entrys_file_instead_of_aborting(tmp_path):
+    """A head that edits K3N-009's file (a comment) is judged: its reproducer runs on both sides and still
+    reproduces (known), exit 0; it used to abort the run (exit 2)."""
+    _need("vllm")
+    head = fixes.patched_tree(fixes.by_id("attn-res-control"), tmp_path / "v")
+    rc, text = _check(tmp_path, "--engine", "vllm", "--head", str(head), "-k", "bank_indices or K3N-009")
+    assert rc == 0, text
+    known = text.split("## Known")[1]
+    assert "test_each_ledger_reproducer_still_fails_on_the_pinned_release[K3N-009]" in known
+
+
+def test_check_reports_a_planted_bug_in_a_ledger_entrys_file_as_new(tmp_path):
+    _need("vllm")
+    head = fixes.patched_tree(fixes.by_id("mixture-scaled"), tmp_path / "v")
+    rc, text = _check(tmp_path, "--engine", "vllm", "--head", str(head), "-k",
+                      "test_attn_res_within_rounding_budget_of_oracle or K3N-009")
+    assert rc == 1, text
+    assert "test_attn_res_within_rounding_budget_of_oracle[vllm]" in text.split("## New failures")[1].split("##")[0]
+
+
+def test_check_reports_the_planted_accumulator_rounding_as_new_not_as_k3n_006(tmp_path):
+    """TokenSpeed's running sum rounded to bf16 after every tap, inside K3N-006's file and test: the entry's
+    model (its roundings and no other) rejects it, so it is new although the base fails the test too; the
+    control (a comment in the same file) is nothing new."""
+    _need("tokenspeed")
+    head = fixes.patched_tree(fixes.by_id("accumulator-bf16"), tmp_path / "t")
+    rc, text = _check(tmp_path, "--engine", "tokenspeed", "--head", str(head), "-k", "taps_cancel or K3N-006")
+    assert rc == 1, text
+    new = text.split("## New failures")[1].split("## What")[0]
+    assert "test_sharded_adds_no_rounding_beyond_its_partials_when_taps_cancel[tokenspeed-fp32]" in new
+    assert pairing.UNEXPLAINED in new and "not K3N-006's bug" in new
+    control = fixes.patched_tree(fixes.by_id("accumulator-control"), tmp_path / "c")
+    rc, text = _check(tmp_path / "c", "--engine", "tokenspeed", "--head", str(control), "-k", "taps_cancel or K3N-006")
+    assert rc == 0, text

@@ -251,6 +251,9 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", marker)
     ctx = config.stash[RUN] = run.install(_context(config))  # a bad value fails here, before collection
     run.apply_threads(ctx)
+    from k3num.harness import literal_pool
+
+    config.stash[state.POOL_FAILED] = literal_pool.pin()  # before the first draw (harness/literal_pool.py)
     if not run_scope.worker_id(config):  # xdist's workers and a test's subprocesses start with this environment
         env.put("K3NUM_THREADS", str(ctx.threads) if ctx.threads else "")
     config.stash[state.DRIFT] = drift.DriftCollector()
@@ -508,11 +511,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_report_header(config: pytest.Config) -> list[str]:
     threads = config.stash[RUN].threads
-    return (f"k3-numerics: torch CPU threads per process: {torch.get_num_threads()} "
-            + ("(--threads / K3NUM_THREADS; default 1: harness/run.py)" if threads else
-               "(torch's own choice: OMP_NUM_THREADS is set)"))
+    lines = [f"k3-numerics: torch CPU threads per process: {torch.get_num_threads()} "
+             + ("(--threads / K3NUM_THREADS; default 1: harness/run.py)" if threads else
+                "(torch's own choice: OMP_NUM_THREADS is set)")]
+    failed = config.stash.get(state.POOL_FAILED, [])
+    if failed:
+        lines.append(f"k3-numerics: hypothesis's literal pool lacks {len(failed)} module(s) that did not import here "
+                     f"(harness/literal_pool.py): {'; '.join(failed)[:500]}")
+    return lines
 
 
 def _resolve_drift_dir(config: pytest.Config) -> None:

@@ -48,6 +48,7 @@ def book(config: pytest.Config) -> Book:
 STARTED = pytest.StashKey[datetime.datetime]()  # when pytest_configure ran (UTC)
 DRIFT = pytest.StashKey[Any]()  # the run's oracles.drift.DriftCollector (scoped over each test by the plugin)
 WRITTEN = pytest.StashKey[int]()  # records the drift CSV held at its last write
+POOL_FAILED = pytest.StashKey[list]()  # modules harness/literal_pool.py could not import (printed in the header)
 FRAME = pytest.StashKey[Any]()  # the drift CSV's frame as last written (pandas.DataFrame)
 CSV = pytest.StashKey[tuple[int, int]]()  # (records before this write, records after)
 LATEST = pytest.StashKey[str]()  # --drift-dir's drift.csv link

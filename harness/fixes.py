@@ -286,6 +286,10 @@ TREE_MUTANTS: tuple[Fix, ...] = (
         ("properties/test_determinism.py::test_attn_res_in_place_prefix_rewrite_is_deterministic",), gpu=True),
     Fix("mixture-scaled", "vllm", ((VLLM_ATTN_RES, scale_mixture),), ("vllm",),
         ("properties/test_attn_res.py::test_attn_res_within_rounding_budget_of_oracle",)),
+    # a masked-lane slip: caught under `ci` on the CPU since the strategies draw hidden sizes that are not powers
+    # of two (fixtures/strategies.py PADDED_HIDDEN); inside K3N-007's file, not its race (issue 37/38)
+    Fix("rocm-score-norm-block-d", "vllm", ((ROCM_ATTN_RES, score_norm_by_padded_width),), ("vllm-rocm",),
+        ("properties/test_attn_res.py::test_attn_res_within_rounding_budget_of_oracle",)),
     Fix("unmasked-load", "vllm", ((VLLM_ATTN_RES, unmask_source_columns),), ("vllm",),
         ("properties/test_off_path_shapes.py::test_attn_res_off_path_shapes_within_budget_or_refused",
          "properties/test_poisoned_memory.py::test_attn_res_writes_every_output_element_and_nothing_outside_its_rows")),
@@ -325,8 +329,6 @@ FRESH: tuple[Fix, ...] = (
         ("properties/test_partial_projection.py::test_sharded_adds_no_rounding_beyond_its_partials_when_taps_cancel",)),
     Fix("accumulator-control", "tokenspeed", ((TOKENSPEED_CONTEXT, comment_only(TOKENSPEED_CONTEXT)),), ("tokenspeed",),
         ()),
-    Fix("rocm-score-norm-block-d", "vllm", ((ROCM_ATTN_RES, score_norm_by_padded_width),), ("vllm-rocm",),
-        ("properties/test_attn_res.py::test_attn_res_within_rounding_budget_of_oracle",)),
     Fix("attn-res-control", "vllm", ((VLLM_ATTN_RES, comment_only(VLLM_ATTN_RES)),), ("vllm",), ()),
 )
 

@@ -106,9 +106,9 @@ K3N_007 = AttnResCase(tokens=1, hidden=128, bank=4, num_blocks=4, block_write_id
 EVERY_TAP = "every case: the branch itself is wrong on ROCm (the tap ignores the stream flag / the stage end)"
 EVERY_BANK = "every case: the test draws only bank indices outside the bank, which the wrapper accepts"
 # the no_model reasons, each the work left (issue 37): a model of the entry's output is computable but not written yet
-RACE_NO_MODEL = ("not written yet: a raced output is the mixture with a stale bank row (K3N-004/005) or with one or "
-                 "two 32-element prefix segments given the delta twice (K3N-007); the repeat property's outputs are "
-                 "not recorded per call yet, so the region rule (the call's flags) decides")
+RACE_NO_MODEL = ("not written yet: a raced output is the mixture with the written bank row read stale (its value "
+                 "before the call's store) in some of its segments; until that model is written, the region rule "
+                 "(the call's flags) decides")
 REFUSAL_NO_MODEL = "the finding is that no refusal was raised: the signature (the test's own refusal message) is it"
 
 
@@ -142,8 +142,7 @@ CASES: dict[str, LedgerCase] = {
                           signature=r"AssertionError: sharded_adds_no_rounding_when_taps_cancel \[tokenspeed "),
     "K3N-007": LedgerCase("a delta with the 4-source tile: num_blocks >= 2, fewer than 256 tokens", _delta_race,
                           "test_attn_res_repeated_calls_are_bitwise_identical", {"case": K3N_007}, call=base.ATTN_RES,
-                          signature=r"deterministic_across_calls \[vllm-rocm .*\] attn_res .*distinct of",
-                          no_model=RACE_NO_MODEL),
+                          signature=r"deterministic_across_calls \[vllm-rocm .*\] attn_res .*distinct of"),
     "K3N-008": LedgerCase("a hidden size off the 1024 grid (hidden % 1024 != 0)",
                           lambda a: a["hidden"] % 1024 != 0,
                           "test_model_aggregation_off_grid_hidden_within_budget_or_refused",

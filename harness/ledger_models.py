@@ -11,6 +11,8 @@ in place) and its output.
     entry      subject              the defective computation
     K3N-001/2  aux_capture          the tap returns the prefix, bf16(prefix_sum + pending), where the
                                     mixture belongs (amd/linear.py _maybe_add_hidden_state ignores the flag)
+    K3N-007    attn_res             the prefix source read back after the kernel's own in-place store: none,
+                                    one or two 32-element segments bf16(bf16(p + d) + d) (amd/ops/attn_res.py)
     K3N-006    stage_partial        each tap's projection rounded to bf16 (project_target_tap), the taps
                                     summed in float32 (add_capture): sum_i bf16(h_i W_i^T)
                finalize_projection  the float32 sum of the partials rounded to bf16 before the norm
@@ -47,6 +49,7 @@ class Call:
     args: tuple
     kwargs: dict[str, Any]
     out: Any
+    engine: Any = None  # the engine that made it (its storage rounding and declared roundings)
 
 
 def _ulp_bf16(x: torch.Tensor) -> torch.Tensor:
@@ -142,6 +145,69 @@ def tap_projections_rounded_to_bf16(calls: list[Call]) -> str:
     return ""
 
 
+# ---- K3N-007: ROCm's attn_res reads the prefix back after its own in-place store -----------------------
+
+SEGMENT = 32  # the race's granularity: one store/load tile of the prefix (oracles/ledger.py K3N-007's `what`)
+ATTN_RES_NAMES = ("prefix", "delta", "blocks", "norm_weight", "qk_weight", "output_norm_weight", "num_blocks",
+                  "block_write_idx", "eps", "output_norm_eps")
+
+
+def _attn_res_args(c: Call) -> dict[str, Any]:
+    return {**dict(zip(ATTN_RES_NAMES, c.args)), **{k: v for k, v in c.kwargs.items() if k in ATTN_RES_NAMES}}
+
+
+def _segment_sets(hidden: int) -> list[tuple[int, ...]]:
+    """The prefix segments a raced read can take twice: none, one, or (up to 16 segments) two of them."""
+    n = -(-hidden // SEGMENT)
+    sets: list[tuple[int, ...]] = [(), *((i,) for i in range(n))]
+    if n <= 16:
+        sets += [(i, j) for i in range(n) for j in range(i + 1, n)]
+    return sets
+
+
+def delta_applied_twice(calls: list[Call]) -> str:
+    """Every output row equals the mixture in which none, one or two 32-element segments of the prefix source
+    are bf16(bf16(p + d) + d) (the prefix read back after the kernel's own store), within the call's budget
+    (harness/judges.attn_res_oracle's, the accuracy property's own)."""
+    from k3num.harness import judges
+
+    if not calls:
+        return "no attn_res call was made"
+    seen: set[bytes] = set()
+    for c in calls:
+        a = _attn_res_args(c)
+        if a.get("delta") is None or c.engine is None:
+            return "a call without a delta (or its engine) cannot take the delta twice"
+        key = bytes(c.out.detach().cpu().contiguous().view(torch.uint8).flatten().tolist()[:4096]) + bytes(
+            str(c.out.float().sum().item()), "ascii")
+        if key in seen:
+            continue
+        seen.add(key)
+        prefix, delta, blocks = a["prefix"], a["delta"], a["blocks"]
+        p = judges.round_storage(c.engine, prefix.float() + delta.float())
+        twice = judges.round_storage(c.engine, p.float() + delta.float())
+        bank = blocks.clone()
+        if int(a["block_write_idx"]) >= 0:
+            bank[:, int(a["block_write_idx"])] = p
+        best = torch.full((prefix.shape[0],), float("inf"), dtype=torch.float64, device=prefix.device)
+        budget = None
+        for segs in _segment_sets(prefix.shape[1]):
+            raced = p.clone()
+            for sgm in segs:
+                raced[:, sgm * SEGMENT:(sgm + 1) * SEGMENT] = twice[:, sgm * SEGMENT:(sgm + 1) * SEGMENT]
+            want, b = judges.attn_res_oracle(c.engine, raced, None, bank, a["norm_weight"], a["qk_weight"],
+                                             a["output_norm_weight"], int(a["num_blocks"]), -1, float(a["eps"]),
+                                             float(a["output_norm_eps"]))
+            budget = b if not segs else budget
+            best = torch.minimum(best, (c.out.double() - want).abs().amax(dim=-1))
+        assert budget is not None
+        if not bool((best <= budget.value).all()):
+            worst = int(torch.argmax(best).item())
+            return (f"row {worst} of the output is {best[worst]:.3g} from every delta-twice variant (budget "
+                    f"{budget.value:.3g})")
+    return ""
+
+
 @dataclass(frozen=True)
 class BugModel:
     subjects: tuple[str, ...]  # the subjects whose calls it reads
@@ -154,6 +220,9 @@ MODELS: dict[str, BugModel] = {
                         "the tap returns bf16(prefix_sum + pending) where the next layer's mixture belongs"),
     "K3N-002": BugModel((base.AUX_CAPTURE,), tap_returns_the_prefix,
                         "the tap returns bf16(prefix_sum + pending) where the output mixture belongs"),
+    "K3N-007": BugModel((base.ATTN_RES,), delta_applied_twice,
+                        "the prefix source read back after the kernel's own store: one or two 32-element segments "
+                        "with the delta applied twice"),
     "K3N-006": BugModel((base.STAGE_PARTIAL, base.FINALIZE_PROJECTION), tap_projections_rounded_to_bf16,
                         "each tap's projection rounded to bf16, summed in float32; the sum rounded to bf16 "
                         "before the norm"),

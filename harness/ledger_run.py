@@ -160,7 +160,7 @@ def record_calls(engine: Any, subjects: tuple[str, ...], into: list) -> Any:
             before = (_cloned(args), _cloned(kwargs)) if keep else None
             out = fn(*args, **kwargs)
             if before is not None:
-                into.append(Call(name, before[0], before[1], _cloned(out)))
+                into.append(Call(name, before[0], before[1], _cloned(out), engine))
             return out
 
         return call

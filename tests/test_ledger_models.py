@@ -165,3 +165,49 @@ def test_check_reports_the_planted_accumulator_rounding_as_new_not_as_k3n_006(tm
     control = fixes.patched_tree(fixes.by_id("accumulator-control"), tmp_path / "c")
     rc, text = _check(tmp_path / "c", "--engine", "tokenspeed", "--head", str(control), "-k", "taps_cancel or K3N-006")
     assert rc == 0, text
+
+
+def _rocm_call(engine, hidden: int, seed: int, out_edit=None) -> ledger_models.Call:
+    from k3num.fixtures.builders import attn_res_inputs
+    from k3num.fixtures.strategies import AttnResCase
+    from k3num.harness import ledger_run
+
+    case = AttnResCase(tokens=3, hidden=hidden, bank=4, num_blocks=4, block_write_idx=-1, with_delta=True,
+                       with_output_norm=True, seed=seed, scale=1.0, outliers=30.0)
+    inp = attn_res_inputs(case, torch.bfloat16, "cpu")
+    recorded: list[ledger_models.Call] = []
+    watched = ledger_run.record_calls(engine, (base.ATTN_RES,), recorded)
+    watched.subjects[base.ATTN_RES](inp.prefix, inp.delta, inp.blocks, inp.norm, inp.qk, inp.out_norm, 4, -1, 1e-5,
+                                    1e-5)
+    c = recorded[0]
+    return dataclasses.replace(c, out=out_edit(c) if out_edit else c.out)
+
+
+def _raced(c: ledger_models.Call, segment: int) -> torch.Tensor:
+    """What K3N-007's race returns: the call's own oracle with one prefix segment given the delta twice."""
+    from k3num.harness import judges
+
+    a = ledger_models._attn_res_args(c)
+    p = judges.round_storage(c.engine, a["prefix"].float() + a["delta"].float())
+    twice = judges.round_storage(c.engine, p.float() + a["delta"].float())
+    sl = slice(segment * ledger_models.SEGMENT, (segment + 1) * ledger_models.SEGMENT)
+    p[:, sl] = twice[:, sl]
+    want, _ = judges.attn_res_oracle(c.engine, p, None, a["blocks"], a["norm_weight"], a["qk_weight"],
+                                     a["output_norm_weight"], 4, -1)
+    return want.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("hidden", [128, 96])
+def test_k3n_007s_model_explains_the_kernel_and_its_race_and_rejects_a_padded_width_norm(hidden: int, tmp_path):
+    """On ROCm's own kernel (the interpreter cannot race): its honest output is explained, an output with one
+    segment's delta applied twice (what the race returns on the GPU) is explained, and the planted score norm
+    over BLOCK_D (harness/fixes.py rocm-score-norm-block-d, at a hidden size that is not a power of two) is not."""
+    engine = _engine("vllm-rocm")
+    assert ledger_models.delta_applied_twice([_rocm_call(engine, hidden, 3)]) == ""
+    assert ledger_models.delta_applied_twice([_rocm_call(engine, hidden, 3, lambda c: _raced(c, 1))]) == ""
+    scaled = _rocm_call(engine, hidden, 3, lambda c: (c.out.float() * 1.02).to(torch.bfloat16))
+    assert "from every delta-twice variant" in ledger_models.delta_applied_twice([scaled])
+    if hidden & (hidden - 1):  # BLOCK_D != hidden only where hidden is not a power of two
+        tree = fixes.patched_tree(fixes.by_id("rocm-score-norm-block-d"), tmp_path / "v")
+        planted = registry.get("vllm-rocm", {"vllm": tree}, "source")
+        assert "from every delta-twice variant" in ledger_models.delta_applied_twice([_rocm_call(planted, hidden, 3)])

@@ -249,6 +249,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
+    _CONFIGS[:] = [config]
     ctx = config.stash[RUN] = run.install(_context(config))  # a bad value fails here, before collection
     run.apply_threads(ctx)
     from k3num.harness import literal_pool
@@ -558,8 +559,34 @@ def _link_latest(config: pytest.Config, csv: str) -> None:
     config.stash[state.LATEST] = str(Path(ddir) / "drift.csv")
 
 
+def _last_lines(text: str, n: int = 3) -> str:
+    """The last `n` lines of a worker's error that say something (its exception line among them)."""
+    lines = [ln.strip().removeprefix("E").strip() for ln in str(text).splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not ln.startswith(("INTERNALERROR>", "^", "~"))] or lines
+    return " | ".join(lines[-n:])[:400]
+
+
+def pytest_internalerror(excrepr, excinfo) -> None:
+    """xdist controller: a worker's internal error (it died before or between tests) is kept with its last lines
+    for the closing block (harness/run_summary.py: every worker lost before a test ran)."""
+    from k3num.harness.session_state import SESSION
+
+    if getattr(excinfo, "typename", "") != "AssertionError":  # xdist re-raises a worker's error as an assertion
+        return
+    text = "\n".join(ln for ln in str(excinfo.value).splitlines() if ln.strip() != "assert False")
+    for config in _CONFIGS:
+        if run_scope.is_controller(config) and SESSION in config.stash:
+            state.book(config).deaths.append(("a worker", _last_lines(text)))
+
+
+_CONFIGS: list[pytest.Config] = []  # the controller's config, for pytest_internalerror (a hook without one)
+
+
 def pytest_testnodedown(node, error) -> None:
-    """xdist controller: keep each worker's account of how it bound the engines (for the summary)."""
+    """xdist controller: keep each worker's account of how it bound the engines (for the summary), and what a
+    worker that went down with an error died of."""
+    if error:
+        state.book(node.config).deaths.append((node.gateway.id, _last_lines(str(error))))
     node.config.stash.setdefault(state.BOUND, {}).update(getattr(node, "workeroutput", {}).get("k3num_bound", {}))
     node.config.stash.setdefault(state.EXAMPLES, {}).update(
         getattr(node, "workeroutput", {}).get("k3num_examples", {}))

@@ -98,6 +98,10 @@ def _judge_the_account(session: pytest.Session) -> None:
     stopped = session.shouldstop or session.shouldfail or session.exitstatus == pytest.ExitCode.INTERRUPTED
     if (empty or (never and not stopped)) and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if book.deaths and not book.reported and not stopped:
+        # every xdist worker died before a test ran (xdist: "Unexpectedly no active workers available", exit 3):
+        # the harness's own verdict, never ran, with what each worker died of (pytest_unconfigure prints it)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def session_of(config: pytest.Config) -> pytest.Session | None:
@@ -117,10 +121,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     """The last lines of the log, in this order: skips grouped by reason, the engines (each with its mode
     and its tests run, skipped and known), the named engines that ran nothing, the drift table, the CSV's
     path, and the command to run next."""
-    if hasattr(config, "workerinput") or state.TERMINAL not in config.stash:
+    if hasattr(config, "workerinput"):
+        return
+    # an internal error (every xdist worker lost) skips pytest_terminal_summary: the reporter itself, then
+    if state.TERMINAL not in config.stash and config.pluginmanager.get_plugin("terminalreporter") is not None:
+        config.stash[state.TERMINAL] = config.pluginmanager.get_plugin("terminalreporter")
+    if state.TERMINAL not in config.stash:
         return
     book = state.book(config)
-    if not (book.account or config.stash.get(state.NEVER, []) or book.replaced or config.stash.get(state.LOST, None)):
+    if not (book.account or config.stash.get(state.NEVER, []) or book.replaced or config.stash.get(state.LOST, None)
+            or book.deaths):
         return
     tw = config.stash[state.TERMINAL]._tw
     outcomes = _outcomes(config)
@@ -152,6 +162,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             tw.line(f"  {line}")
     for name, why in config.stash.get(state.EMPTY, []):
         tw.line(f"ERROR: engine {name} was asked for and ran no test: {why}", red=True)
+    if book.deaths and not book.reported:
+        tw.line(f"ERROR: no test ran: every xdist worker died before running one ({len(book.deaths)} deaths; "
+                "exit 1, never ran); what each died of, last lines:", red=True)
+        for worker, why in book.deaths[:16]:
+            tw.line(f"  {worker}: {why}", red=True)
     never = config.stash.get(state.NEVER, [])
     if never:
         tw.line(f"ERROR: {len(never)} collected test(s) never ran ({_why_never(config)}): {', '.join(never[:5])}"

@@ -28,6 +28,8 @@ class Book:
     examples: dict[str, int] = field(default_factory=dict)  # node -> hypothesis examples run
     replaced: list[tuple[str, str, str]] = field(default_factory=list)  # controller: (worker, node, why) of
     #                                                                    each worker replaced after a lost context
+    deaths: list[tuple[str, str]] = field(default_factory=list)  # controller: (worker, its last lines) of each
+    #                                                             worker that went down with an error
     # under --repro-dir (properties/support.py): each subject's last call in the running test, as (cloned args,
     # cloned kwargs, result, args, kwargs), dropped when the test ends; the worst ratio bundled so far per
     # (property, engine) in the run (--repro-all)

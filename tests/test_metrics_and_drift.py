@@ -94,3 +94,21 @@ def test_records_go_to_the_collector_scoped_over_the_running_code_and_nowhere_ou
     assert bare.run(drift.current) is None
     with pytest.raises(RuntimeError, match="no drift collector"):
         bare.run(lambda: drift.COLLECTOR.records)
+
+
+def test_the_drift_table_keeps_known_divergences_apart_from_worst_ratio() -> None:
+    """issue 41: vllm-rocm's aux tap read `worst_ratio 1.19e+03` next to `failures 0`; a ledger-filed record's
+    ratio is its own column, and the worst ratio and property are the records no entry files."""
+    from k3num.oracles.drift import summarize
+
+    df = pd.DataFrame([
+        {"engine": "e", "subject": "s", "property": "p", "verdict": "pass", "ratio": 0.5, "rel_fro": 0.1, "ledger": ""},
+        {"engine": "e", "subject": "s", "property": "q", "verdict": "fail", "ratio": 1190.0, "rel_fro": 1.0,
+         "ledger": "K3N-001"},
+        {"engine": "f", "subject": "s", "property": "q", "verdict": "fail", "ratio": 90.0, "rel_fro": 1.0,
+         "ledger": "K3N-002"},
+    ])
+    t = summarize(df).set_index("engine")
+    assert t.loc["e", ["worst_ratio", "worst_known_ratio", "worst_property", "failures", "known_divergences"]
+                 ].tolist() == [0.5, 1190.0, "p", 0, 1]
+    assert pd.isna(t.loc["f", "worst_ratio"]) and t.loc["f", "worst_known_ratio"] == 90.0

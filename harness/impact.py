@@ -401,7 +401,7 @@ def ledger_table(n: int, seed: int, device: str, sources: dict[str, Path], mode:
     mirror = registry.get("mirror")
     rows: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:  # the fixed trees the race controls read
-        for d in ledger.LEDGER:
+        for d in sorted(ledger.LEDGER, key=lambda e: e.id):  # K3N-010 before K3N-012, as the ids read
             if entries is None or d.id in entries:
                 _entry_rows(d, n, seed, device, sources, mode, mirror, rows, stack, log)
     return pd.DataFrame(rows)
@@ -692,8 +692,19 @@ def _markdown(table: pd.DataFrame, args: argparse.Namespace, cols: list[str]) ->
              "Per position against the float64 step: IDENTICAL, TIE-BREAK (a near-tie: the oracle's top-two gap "
              "below delta, the logit budget from the noise floor), DIVERGED (a decided token flipped). agreement: "
              "the mean leading positions equal to the oracle's proposal; noise_agreement: the same for the noise "
-             "floor (every K3 path through the bf16 mirror).", "",
-             "| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
+             "floor (every K3 path through the bf16 mirror). decided_share: the share of positions whose oracle "
+             "top-two gap is at least delta (where a flip would be a divergence); block: the drafter's block length; "
+             "worst_err_over_delta: the worst logit error against the oracle, over delta (past 1, a decided token "
+             "could flip); role (--ledger): `case` is the entry's case class, `control` the same calls without its "
+             "defect. Exit 1 only for a decided token flipped outside the ledger: a row whose flips an entry "
+             "explains names it in `ledger` (vllm-rocm: K3N-001) and does not fail the run.", ""]
+    if args.ledger:
+        from k3num.oracles import ledger
+
+        shown = sorted(dict.fromkeys(str(e) for e in table.get("entry", pd.Series(dtype=str)) if str(e)))
+        lines += ["Entries:", ""] + [f"- {e}: {ledger.by_id(e).what.split('. ')[0][:220]}"
+                                     for e in shown if ledger.by_id(e) is not None] + [""]
+    lines += ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
     for r in table.to_dict("records"):
         cells = []
         for c in cols:

@@ -126,3 +126,24 @@ def test_the_k3_geometry_cases_are_the_presets_and_the_option_refuses_what_bring
     assert r.returncode == 2 and "--geometry k3 draws its cases at the presets' geometry" in r.stderr
     r = _impact("--geometry", "k4")
     assert r.returncode == 2 and "invalid choice: 'k4'" in r.stderr
+
+
+def test_the_impact_tables_legend_names_every_column_and_the_exit_rule_and_each_entry(monkeypatch):
+    """issue 41: the legend left out decided_share, block, worst_err_over_delta and role; --ledger rows had no
+    line saying what each entry is; the entries ran K3N-012 before K3N-010."""
+    import argparse
+
+    import pandas as pd
+
+    from k3num.harness import impact as imp
+
+    table = pd.DataFrame([{"entry": "K3N-010", "role": "case"}, {"entry": "K3N-001", "role": "control"}])
+    text = imp._markdown(table, argparse.Namespace(ledger=True, cases=1, seed=0), imp.LEDGER_COLUMNS)
+    legend = text.split("| entry")[0]
+    for word in ("decided_share", "block", "worst_err_over_delta", "role", "outside the ledger"):
+        assert word in legend, word
+    assert "- K3N-001: " in legend and "- K3N-010: same as K3N-009" in legend
+    order: list[str] = []
+    monkeypatch.setattr(imp, "_entry_rows", lambda d, *a, **k: order.append(d.id))
+    imp.ledger_table(1, 0, "cpu", {}, "auto")
+    assert order == sorted(order) and order.index("K3N-010") < order.index("K3N-012")

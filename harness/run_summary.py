@@ -57,6 +57,23 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """What this run means to run of ours: the items left after deselection (-k, -m)."""
     if not hasattr(session.config, "workerinput") and not is_controller(session.config):
         state.book(session.config).collected.update(item.nodeid for item in session.items if ours(item))
+    if session.config.getoption("collectonly", False) and not hasattr(session.config, "workerinput"):
+        _warn_unbindable_sources(session.config)
+
+
+def _warn_unbindable_sources(config: pytest.Config) -> None:
+    """--collect-only runs no test, so the run's "engine X was asked for and ran no test" cannot come: an
+    --engine-src tree that lacks the engine's bound files is said here instead (issue 41: it exited 0 silently)."""
+    from k3num.supply import fetch
+
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    for pin, tree in sorted(config.stash[state.RUN].sources.items()):
+        missing = fetch.missing_in(pin, Path(tree)) if pin in fetch.PINS else []
+        if missing and tr is not None:
+            names = [n for n in registry.known() if n.split("-")[0] == pin]
+            tr.write_line(f"WARNING: --engine-src {pin}={tree} lacks the bound file(s) {', '.join(missing[:3])}"
+                          f"{' ...' if len(missing) > 3 else ''}: {', '.join(names)} would run no test (a run of these "
+                          "tests fails naming it)", yellow=True)
 
 
 def _outcomes(config: pytest.Config) -> list[accounting.Outcome]:

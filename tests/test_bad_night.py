@@ -156,3 +156,11 @@ def test_each_run_writes_its_own_csv_and_the_latest_link_follows(tmp_path: Path)
     assert len(runs) == 2
     assert (tmp_path / "drift.csv").resolve() == runs[-1].resolve()
     assert (tmp_path / "drift.meta.json").resolve() == hist.meta_path(runs[-1]).resolve()
+
+
+def test_collect_only_with_an_engine_src_lacking_its_files_warns_as_a_run_fails(tmp_path: Path) -> None:
+    """issue 41: `pytest --co --engine-src vllm=<empty dir>` exited 0 silently; a run then exits 1."""
+    r = _pytest(PROP, "--co", "--engine-src", f"vllm={tmp_path}")
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert re.search(rf"WARNING: --engine-src vllm={re.escape(str(tmp_path))} lacks the bound file\(s\) .*vllm, "
+                     r"vllm-rocm would run no test", r.stdout), r.stdout[-3000:]

@@ -30,7 +30,8 @@ import pandas as pd
 
 from k3num.engines import subjects
 
-COLUMNS = ("engine", "file", "function", "language", "path", "bound", "properties", "why_not")
+COLUMNS = ("engine", "file", "function", "language", "path", "bound", "runs_here", "properties", "why_not")
+GPU_ONLY = "test_k3_shapes.py"  # its properties are gpu-marked (full K3 shapes): they skip without CUDA
 PROPERTIES = Path(__file__).resolve().parents[1] / "properties"
 
 
@@ -171,14 +172,43 @@ def machine_here() -> str:
     return f"this machine's GPU is {torch.cuda.get_device_name(0)} (SM{major}{minor})"
 
 
+def runs_here(language: str, bound: bool, cuda: bool, ops_built: bool) -> str:
+    """What of a row runs on this machine: the real code, under Triton's interpreter, a stand-in, or nothing."""
+    if not bound:
+        return "no"
+    if language == "cuda":
+        if not cuda:
+            return "stand-in (the compiled op needs CUDA)"
+        return "yes (built ops)" if ops_built else "stand-in (run `k3num build-ops`)"
+    if language == "triton":
+        return "yes (native)" if cuda else "yes (Triton's interpreter)"
+    return "yes"
+
+
+def _ops_built() -> bool:
+    try:
+        from k3num.supply import cuda_ops
+
+        return cuda_ops.library_path(cuda_ops.arch(), cuda_ops.sources_for(None)).is_file()
+    except Exception:  # no CUDA, no sdist fetched, no toolchain: not built
+        return False
+
+
 def table() -> pd.DataFrame:
+    import torch
+
     judges = judged_by()
     here = machine_here()
+    cuda = torch.cuda.is_available()
+    built = _ops_built() if cuda else False
     rows = []
     for r in [*bound_rows(), *(dataclasses.replace(u, why_not=u.why_not.replace("{here}", here)) for u in UNBOUND)]:
         props = sorted({p for subj in r.subject.split(",") if subj for p in judges.get(subj, [])})
+        if not cuda:  # the gpu-marked K3-shape properties skip here: said on each
+            props = [f"{p} (GPU only: skips here)" if p.startswith(GPU_ONLY) else p for p in props]
         rows.append({"engine": r.engine, "file": r.file, "function": r.function, "language": r.language,
-                     "path": r.path, "bound": "yes" if r.subject else "no", "properties": "; ".join(props),
+                     "path": r.path, "bound": "yes" if r.subject else "no",
+                     "runs_here": runs_here(r.language, bool(r.subject), cuda, built), "properties": "; ".join(props),
                      "why_not": r.why_not or ("" if props else "bound, but no property test names its subject")})
     return pd.DataFrame(rows, columns=list(COLUMNS)).sort_values(["path", "engine", "bound", "file"],
                                                                  ascending=[True, True, False, True])

@@ -120,3 +120,23 @@ def test_the_table_names_this_machines_gpu_or_says_there_is_none(monkeypatch) ->
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA B200")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (10, 0))
     assert "this machine's GPU is NVIDIA B200 (SM100)" in coverage.table()["why_not"].str.cat(sep="\n")
+
+
+def test_the_table_says_what_runs_here() -> None:
+    """issue 41: vLLM's CUDA-op rows read `bound: yes` on a machine without CUDA; the runs_here column says a
+    stand-in runs there, Triton kernels say interpreter or native, and the K3-shape properties say they skip."""
+    import torch
+
+    from k3num.harness import coverage as cov
+
+    assert cov.runs_here("cuda", True, cuda=False, ops_built=False) == "stand-in (the compiled op needs CUDA)"
+    assert cov.runs_here("cuda", True, cuda=True, ops_built=False) == "stand-in (run `k3num build-ops`)"
+    assert cov.runs_here("cuda", True, cuda=True, ops_built=True) == "yes (built ops)"
+    assert cov.runs_here("triton", True, cuda=False, ops_built=False) == "yes (Triton's interpreter)"
+    assert cov.runs_here("python", False, cuda=False, ops_built=False) == "no"
+    t = cov.table()
+    assert "runs_here" in t.columns and set(t.loc[t["bound"] == "no", "runs_here"]) == {"no"}
+    if not torch.cuda.is_available():
+        k3 = [p for p in "; ".join(t["properties"]).split("; ") if p.startswith(cov.GPU_ONLY)]
+        assert k3 and all(p.endswith("(GPU only: skips here)") for p in k3)
+        assert set(t.loc[t["language"] == "cuda", "runs_here"]) <= {"stand-in (the compiled op needs CUDA)", "no"}

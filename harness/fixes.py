@@ -27,6 +27,7 @@ SGLANG_ATTN = "sglang/srt/layers/attn_residual.py"
 SGLANG_MATERIALIZE = "sglang/kernels/ops/speculative/fused_kv_materialize.py"
 TOKENSPEED_MODEL = "tokenspeed/runtime/models/kimi_k3_dspark.py"
 TOKENSPEED_CONTEXT = "tokenspeed/runtime/execution/dspark_context.py"
+VLLM_DSPARK = "vllm/models/kimi_k3/nvidia/dspark_mla.py"
 
 
 class FixError(RuntimeError):
@@ -236,6 +237,17 @@ def score_norm_by_padded_width(text: str, path: str) -> str:
     return _replace_in(text, path, "_attn_res_kernel", line, "(1.0 / hidden_size)", "(1.0 / BLOCK_D)")
 
 
+def layer0_norm_for_every_layer(text: str, path: str) -> str:
+    """Planted bug (a copy-paste slip in real code the adapter used to replace): _build_fused_context_kv_metadata
+    stacks layer 0's kv_a_layernorm weight for every draft layer, so the grouped norm normalises every layer's
+    kv_c with layer 0's weight."""
+    lines = text.splitlines(keepends=True)
+    lo, hi = _method_lines(text, "_build_fused_context_kv_metadata", path)
+    i = _one(lines, lo, hi, r"^\s*\[attn\.kv_a_layernorm\.weight\.detach\(\) for attn in attentions\], dim=0\s*$", path)
+    lines[i] = lines[i].replace("[attn.kv_a_layernorm", "[attn0.kv_a_layernorm")
+    return "".join(lines)
+
+
 def comment_only(path: str) -> Edit:
     """A control: `path` with one comment line appended (the pinned code, other bytes)."""
     return lambda text, rel: text + "\n# k3num control: a comment, no code changed\n"
@@ -290,6 +302,9 @@ TREE_MUTANTS: tuple[Fix, ...] = (
     # of two (fixtures/strategies.py PADDED_HIDDEN); inside K3N-007's file, not its race (issue 37/38)
     Fix("rocm-score-norm-block-d", "vllm", ((ROCM_ATTN_RES, score_norm_by_padded_width),), ("vllm-rocm",),
         ("properties/test_attn_res.py::test_attn_res_within_rounding_budget_of_oracle",)),
+    # real code the vLLM adapter used to build itself (issue 38): bound now, its slip must fail the fused path
+    Fix("layer0-norm-weight", "vllm", ((VLLM_DSPARK, layer0_norm_for_every_layer),), ("vllm",),
+        ("properties/test_context_kv.py",)),
     Fix("unmasked-load", "vllm", ((VLLM_ATTN_RES, unmask_source_columns),), ("vllm",),
         ("properties/test_off_path_shapes.py::test_attn_res_off_path_shapes_within_budget_or_refused",
          "properties/test_poisoned_memory.py::test_attn_res_writes_every_output_element_and_nothing_outside_its_rows")),

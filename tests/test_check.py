@@ -243,6 +243,16 @@ def test_check_reports_a_planted_vllm_bug_as_new_with_repro_bundles(tmp_path):
     assert not (out / "repro").exists() and not list(out.glob(".check-run-*"))
 
 
+def test_check_reports_every_layer_given_layer_0s_norm_weight_as_new(tmp_path):
+    """vLLM's _build_fused_context_kv_metadata, once replaced by the adapter's own metadata, is bound: a slip
+    there (layer 0's kv_a_layernorm weight stacked for every layer) is new (it passed as PASS, 0 new)."""
+    _need("vllm")
+    head = fixes.patched_tree(fixes.by_id("layer0-norm-weight"), tmp_path / "v")
+    rc, text, _ = _check(tmp_path, "--engine", "vllm", "--head", str(head), "-k", "test_fused_context_kv")
+    assert rc == 1, text
+    assert "test_fused_context_kv" in text.split("## New failures")[1].split("## What")[0]
+
+
 def test_check_shows_a_changed_contract_as_what_the_head_cannot_run(tmp_path):
     _need("vllm")
     head = fixes.pinned_tree("vllm", tmp_path / "v")

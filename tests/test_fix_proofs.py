@@ -58,3 +58,5 @@ def test_the_cpu_visible_kernel_mutants_are_caught(tmp_path: Path) -> None:
     assert "unmasked-load" in table and "NOT CAUGHT" not in r.stdout
     # the masked-lane slip (ROCm's score norm over the padded BLOCK_D): caught on the CPU under ci (issue 38)
     assert "rocm-score-norm-block-d" in table
+    # real code the adapter used to replace, now bound: every layer given layer 0's norm weight (issue 38)
+    assert "layer0-norm-weight" in table

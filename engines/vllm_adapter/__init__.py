@@ -93,7 +93,8 @@ CONTRACT: dict[str, dict[str, dict[str, list[str] | None]]] = {
     base.CONTEXT_KV_FUSED: {DSPARK_PY: {
         "K3DSparkModel._precompute_fused_context_kv":
             ["self", "context_states", "context_positions", "context_slot_mapping"],
-        "K3DSparkModel._has_uniform_block_layout": None, "K3DSparkModel._get_context_kv_cache_ptrs": None}},
+        "K3DSparkModel._has_uniform_block_layout": None, "K3DSparkModel._get_context_kv_cache_ptrs": None,
+        "K3DSparkModel._build_fused_context_kv_metadata": ["self"]}},
     "weight_loading": {DSPARK_PY: {"_duplicate_context_kv_weights": None}, UTILS_PY: {}},
     "block_fp8_loading": {quant_loading.LINEAR_PY: {
         "adjust_block_scale_shard": ["weight_block_size", "shard_size", "shard_offset"],

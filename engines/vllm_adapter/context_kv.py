@@ -1,4 +1,5 @@
-"""CONTEXT_KV_FUSED: `K3DSparkModel._precompute_fused_context_kv` (nvidia/dspark_mla.py), lifted, with
+"""CONTEXT_KV_FUSED: `K3DSparkModel._precompute_fused_context_kv` (nvidia/dspark_mla.py), lifted, on the
+metadata vLLM's own `_build_fused_context_kv_metadata` builds from the draft layers (lifted too), with
 stand-in compiled ops or vLLM's own `_custom_ops` wrappers over the ops `k3num build-ops` built."""
 
 from __future__ import annotations
@@ -108,12 +109,17 @@ def _bind_precompute(path: Path, namespace: dict[str, Any] | None, real_ops: Any
             rms_norm=standins.rms_norm_into, rotary_embedding=_rotary_embedding,
             concat_and_cache_mla_grouped=grouped_standin)
         namespace = {"torch": _CpuSafeTorch(), "_GROUPED_KV_CACHE_DTYPES": source.lift_value(
-            path, "_GROUPED_KV_CACHE_DTYPES", {})}
+            path, "_GROUPED_KV_CACHE_DTYPES", {}),
+            # vllm/v1/kv_cache_interface.py (not pinned): a quantized mode for the fp8 cache dtypes, none for "auto"
+            "is_quantized_kv_cache": lambda dtype: dtype != "auto" and "fp8" in str(dtype)}
     else:
         impl = real_ops
     workspace = _Workspace()
     ns = {**namespace, "ops": _RecordingOps(impl, captured), "current_workspace_manager": lambda: workspace}
     precompute = source.lift(path, "K3DSparkModel._precompute_fused_context_kv", ns)
+    # the metadata the fused path reads (the per-layer kv_a_layernorm weights stacked, the geometry, the fp8
+    # scales) is built by vLLM's own _build_fused_context_kv_metadata from the draft layers' attentions
+    build_metadata = source.lift(path, "K3DSparkModel._build_fused_context_kv_metadata", ns)
     uniform = source.lift(path, "K3DSparkModel._has_uniform_block_layout", ns)
     ptrs = source.lift(path, "K3DSparkModel._get_context_kv_cache_ptrs", ns)
     got = source.signature_of(path, "K3DSparkModel._precompute_fused_context_kv")
@@ -144,16 +150,19 @@ def _bind_precompute(path: Path, namespace: dict[str, Any] | None, real_ops: Any
 
             attn = types.SimpleNamespace(rotary_emb=rotary, kv_cache_dtype="auto", kv_cache=kv_cache,
                                          impl=types.SimpleNamespace(do_kv_cache_update=update),
-                                         _k_scale=torch.ones(()))
+                                         _k_scale=torch.ones(()), q_lora_rank=0, kv_lora_rank=kv_lora,
+                                         qk_rope_head_dim=width - kv_lora,
+                                         kv_a_layernorm=types.SimpleNamespace(weight=norm[layer], variance_epsilon=eps))
             layers.append(types.SimpleNamespace(self_attn=attn))
+        meta: Any = types.SimpleNamespace(layers=layers)
+        build_metadata(meta)  # vLLM's: _context_kv_norm_weights, the geometry, the scales (None: a bf16 cache)
         model = _StandinModel(
-            context_kv_proj=lambda h: torch.nn.functional.linear(h, merged), _num_context_layers=num_layers,
-            _context_kv_width=width, _context_kv_lora_rank=kv_lora, _context_kv_norm_weights=norm,
-            _context_rms_norm_eps=eps, _context_rope_dim=width - kv_lora,
-            _max_num_context_tokens=max(x.shape[0], 1), layers=layers,
-            # _build_fused_context_kv_metadata: None unless the cache dtype is quantized (fp8); the
-            # compiled grouped insert refuses scales for a bf16 cache
-            _context_kv_scales=None,
+            context_kv_proj=lambda h: torch.nn.functional.linear(h, merged),
+            _num_context_layers=meta._num_context_layers,
+            _context_kv_width=meta._context_kv_width, _context_kv_lora_rank=meta._context_kv_lora_rank,
+            _context_kv_norm_weights=meta._context_kv_norm_weights, _context_rms_norm_eps=meta._context_rms_norm_eps,
+            _context_rope_dim=meta._context_rope_dim, _max_num_context_tokens=max(x.shape[0], 1), layers=layers,
+            _context_kv_scales=meta._context_kv_scales,
         )
         self_ns: Any = types.SimpleNamespace(**model.__dict__)
         self_ns._has_uniform_block_layout = functools.partial(uniform, self_ns)

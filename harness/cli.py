@@ -46,7 +46,10 @@ def cmd_fetch(args: argparse.Namespace) -> int:
                 engine = name.removesuffix("-bin")
                 fetch.fetch(engine)  # the wheels the libraries come from, checked
                 for key in (k for k, b in fetch.BINARIES.items() if b.engine == engine):
-                    print(f"[fetch] {key}: {fetch.binary(key, log=print)}")
+                    said: list[str] = []  # one line per library: the extraction's, or that it was there
+                    path = fetch.binary(key, log=lambda m: (said.append(m), print(m)))
+                    if not said:
+                        print(f"[fetch] {key}: up to date: {path}")
             else:
                 fetch.fetch(name)
         except fetch.FetchError as e:

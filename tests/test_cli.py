@@ -72,3 +72,22 @@ def test_tree_writes_the_pinned_files_for_editing_and_refuses_bad_input(tmp_path
     assert run("tokenspeed", str(dest), "--force").returncode == 0
     r = run("nosuch", str(tmp_path / "n"))
     assert r.returncode == 2 and "valid: sglang, tokenspeed, vllm" in r.stderr
+
+
+def test_fetch_says_each_library_once(monkeypatch, capsys) -> None:
+    """issue 41's log noise: `tokenspeed:rope` was printed twice (the extraction, then the path)."""
+    from k3num.harness import cli
+    from k3num.supply import fetch
+
+    monkeypatch.setattr(fetch, "fetch", lambda engine: None)
+    for extracts in (True, False):
+        def binary(key, log=print, _e=extracts):
+            if _e:
+                log(f"[fetch] {key}: extracted lib.so (1 KiB, sha256 ok) to /x/lib.so")
+            return "/x/lib.so"
+
+        monkeypatch.setattr(fetch, "binary", binary)
+        assert cli.main(["fetch", "tokenspeed-bin"]) == 0
+        lines = [ln for ln in capsys.readouterr().out.splitlines() if "tokenspeed:rope" in ln]
+        assert len(lines) == 1, lines
+        assert ("extracted" if extracts else "up to date") in lines[0]

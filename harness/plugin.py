@@ -249,7 +249,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
-    _CONFIGS[:] = [config]
+    if run_scope.is_controller(config):
+        config.pluginmanager.register(_WorkerDeaths(config), "k3num-worker-deaths")
     ctx = config.stash[RUN] = run.install(_context(config))  # a bad value fails here, before collection
     run.apply_threads(ctx)
     from k3num.harness import literal_pool
@@ -566,20 +567,19 @@ def _last_lines(text: str, n: int = 3) -> str:
     return " | ".join(lines[-n:])[:400]
 
 
-def pytest_internalerror(excrepr, excinfo) -> None:
+class _WorkerDeaths:
     """xdist controller: a worker's internal error (it died before or between tests) is kept with its last lines
-    for the closing block (harness/run_summary.py: every worker lost before a test ran)."""
-    from k3num.harness.session_state import SESSION
+    for the closing block (harness/run_summary.py: every worker lost before a test ran). A plugin object that
+    holds its config, registered in pytest_configure: pytest_internalerror is a hook without one."""
 
-    if getattr(excinfo, "typename", "") != "AssertionError":  # xdist re-raises a worker's error as an assertion
-        return
-    text = "\n".join(ln for ln in str(excinfo.value).splitlines() if ln.strip() != "assert False")
-    for config in _CONFIGS:
-        if run_scope.is_controller(config) and SESSION in config.stash:
-            state.book(config).deaths.append(("a worker", _last_lines(text)))
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
 
-
-_CONFIGS: list[pytest.Config] = []  # the controller's config, for pytest_internalerror (a hook without one)
+    def pytest_internalerror(self, excrepr, excinfo) -> None:
+        if getattr(excinfo, "typename", "") != "AssertionError":  # xdist re-raises a worker's error so
+            return
+        text = "\n".join(ln for ln in str(excinfo.value).splitlines() if ln.strip() != "assert False")
+        state.book(self.config).deaths.append(("a worker", _last_lines(text)))
 
 
 def pytest_testnodedown(node, error) -> None:

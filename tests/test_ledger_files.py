@@ -115,9 +115,14 @@ def test_a_bug_outside_an_entrys_rule_fails_the_test_the_entry_covers_on_the_pin
     assert "hidden=1024" in planted.stdout or "hidden=2048" in planted.stdout, planted.stdout[-3000:]
 
 
-def test_a_test_two_entries_share_lets_each_entrys_cases_pass_and_fails_the_rest():
+def test_a_test_two_entries_share_lets_each_entrys_cases_pass_and_fails_the_rest(monkeypatch):
     """GPU run 35: ROCm's repeat property carries K3N-005 (a write, no delta) and K3N-007 (a delta, the
     4-source tile); judging by the first entry alone failed K3N-007's own case."""
+    # the region rule alone: the stand-in kernel raises where the real race returns a wrong output, which
+    # K3N-007's bug model judges (tests/test_ledger_models.py); here the model is set aside
+    from k3num.harness import ledger_models
+
+    monkeypatch.delitem(ledger_models.MODELS, "K3N-007")
     import torch
 
     from k3num.engines import base

@@ -91,16 +91,22 @@ TOKENSPEED_KERNEL_FILES = (
     "tokenspeed_kernel/thirdparty/cuda/rope.py",
 )
 
-PINS: dict[str, Pin] = {
-    "vllm": Pin(
+# where each engine's tree says its version (`tree_version`): a file every wheel and sdist of it ships,
+# and so one of its pinned files
+VERSION_FILES: dict[str, str] = {"vllm": "vllm/_version.py", "sglang": "sglang/_version.py",
+                                 "tokenspeed": "tokenspeed/version.py"}
+
+_VLLM_033 = Pin(
         "vllm", "vllm", "0.33.0", "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa",
         (
+            VERSION_FILES["vllm"],
             "vllm/models/kimi_k3/nvidia/ops/attn_res.py",
             "vllm/models/kimi_k3/amd/ops/attn_res.py",
             "vllm/models/kimi_k3/nvidia/model.py",
             "vllm/models/kimi_k3/amd/linear.py",
             "vllm/models/kimi_k3/nvidia/dspark_mla.py",
             "vllm/model_executor/models/utils.py",
+            "vllm/model_executor/utils.py",  # 0.34.0's refill_derived (engines/vllm_adapter/context_kv.py)
             "vllm/_custom_ops.py",
             "vllm/model_executor/models/interfaces.py",
             "vllm/v1/worker/gpu/pp_utils.py",
@@ -110,15 +116,25 @@ PINS: dict[str, Pin] = {
             "vllm/model_executor/layers/quantization/compressed_tensors/schemes/compressed_tensors_w4a4_nvfp4.py",
             "vllm/model_executor/layers/quantization/modelopt.py",
         ),
-        manifest_sha256="4ed01d8b069bd36542fe70f4f2cbdc0b63a9dafaa5a4f5525846f930a372f65c",
+        manifest_sha256="5dcff6a124fc3d8a6442c44fc13d3349fd4c2b83c86ff3509ef4a663fb7e8686",
         builds=(("vllm", "build"), ("vllm-rocm", "build_rocm")),
-    ),
+    )
+
+# 0.34.0 (2026-11-16): the same bound files (all present; attn_res.py both, pp_utils.py byte-identical)
+_VLLM_034 = Pin(
+    "vllm", "vllm", "0.34.0", "79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2", _VLLM_033.files,
+    manifest_sha256="2c6df89e20497486f9e9be922b230a5ebb0f83759e2227a1f50e1adacdf62c43", builds=_VLLM_033.builds,
+)
+
+PINS: dict[str, Pin] = {
+    "vllm": _VLLM_033,
     "tokenspeed": Pin(
         "tokenspeed", "tokenspeed", "0.1.1", "c20d4e87830c821f0b36f665baff999c4d08603b38becc6be33dc2636b97fb19",
-        ("tokenspeed/runtime/models/kimi_k3_dspark.py", "tokenspeed/runtime/execution/dspark_context.py",
+        (VERSION_FILES["tokenspeed"], "tokenspeed/runtime/models/kimi_k3_dspark.py",
+         "tokenspeed/runtime/execution/dspark_context.py",
          "tokenspeed/runtime/models/kimi_k3.py", "tokenspeed/runtime/layers/segmented_rmsnorm.py",
          *TOKENSPEED_KERNEL_FILES),
-        manifest_sha256="bc39d5ff776725bfd5f435c784d8bb9be756e6650ed3a7794449045f32c63f12",
+        manifest_sha256="635fc0f24d5199a6b0b297509419a86d96c79f113d61cf7f392a272e85b034db",
         companions=(Pin("tokenspeed", "tokenspeed-kernel", "0.1.4",
                         "958ed94e8ec272ba198277bda56b0b4fa10b03626a80bb7d2a5a50440cd0b38b", TOKENSPEED_KERNEL_FILES,
                         # the wheel is cp311-only, like SGLang's
@@ -129,6 +145,7 @@ PINS: dict[str, Pin] = {
     "sglang": Pin(
         "sglang", "sglang", "0.5.23", "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937",
         (
+            VERSION_FILES["sglang"],
             "sglang/srt/layers/attn_residual.py",
             "sglang/kernels/ops/speculative/dspark/fused_kv_write.py",
             "sglang/srt/models/dflash.py",
@@ -141,10 +158,83 @@ PINS: dict[str, Pin] = {
         ),
         # the wheel is cp311-only: ask for it explicitly from any Python
         ("--only-binary=:all:", "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64"),
-        manifest_sha256="7f544eb169437fda264c0ac07f65a7e5e01a630bfa7867cab55e3a3aaab92b73",
+        manifest_sha256="d2f7ea18b13227d5f64db63fe921867f748886593fee0435e895980ac25b8c9c",
         builds=(("sglang", "build"),),
     ),
 }
+
+# Every pinned release of each engine, oldest first. `PINS` holds each engine's default release: the one a
+# run reads when it names no release (`--engine vllm`); another is named as ENGINE@VERSION (`--engine
+# vllm@0.34.0`, `k3num fetch vllm@0.34.0`, `k3num check --head 0.34.0`). A new release is one Pin here.
+RELEASES: dict[str, tuple[Pin, ...]] = {
+    "vllm": (_VLLM_033, _VLLM_034),
+    "tokenspeed": (PINS["tokenspeed"],),
+    "sglang": (PINS["sglang"],),
+}
+
+
+def _releases_of(engine: str) -> tuple[Pin, ...]:
+    """The engine's pinned releases: its RELEASES row, or its one PINS entry (a pin added to PINS alone, as the
+    self-tests add a toy engine); ValueError for an engine not pinned."""
+    if engine in RELEASES:
+        return RELEASES[engine]
+    if engine in PINS:
+        return (PINS[engine],)
+    raise ValueError(f"unknown engine {engine!r}; pinned: {sorted(PINS)}")
+
+
+def releases(engine: str) -> list[str]:
+    """The pinned versions of `engine`, oldest first (ValueError for an engine not pinned)."""
+    return [p.version for p in _releases_of(engine)]
+
+
+def release_pin(spec: str) -> Pin:
+    """The Pin of ENGINE (its default release) or ENGINE@VERSION; ValueError listing the pinned releases."""
+    engine, at, version = spec.partition("@")
+    pins = _releases_of(engine)
+    if not at:
+        return PINS[engine]
+    found = next((p for p in pins if p.version == version), None)
+    if found is None:
+        raise ValueError(f"{spec}: not a pinned release of {engine}; pinned: "
+                         f"{', '.join(f'{engine}@{v}' for v in releases(engine))}")
+    return found
+
+
+def spec_of(pin: Pin) -> str:
+    """ENGINE for the default release, ENGINE@VERSION for another (what `release_pin` reads back)."""
+    return pin.engine if PINS[pin.engine] is pin else f"{pin.engine}@{pin.version}"
+
+
+def all_release_specs() -> list[str]:
+    """Every pinned release as a spec, engine by engine (the default's bare name, the others @VERSION)."""
+    return [spec_of(p) for engine in PINS for p in _releases_of(engine)]
+
+
+_VERSION_RE = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
+
+
+class TreeVersionError(ValueError):
+    """A local tree whose version cannot be read: the file it was looked for in is named."""
+
+
+def tree_version(engine: str, root: Path) -> str:
+    """The version a tree laid out like the installed package says it is, read from its version file
+    (`VERSION_FILES`: `__version__ = '0.34.0'`, as every wheel and sdist of the engine writes it); never
+    assumed from a pin. TreeVersionError names the file when it is missing or holds no version."""
+    rel = VERSION_FILES[engine]
+    path = root / rel
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        raise TreeVersionError(f"{root}: no {rel}, where {engine} says its version (a tree laid out like the "
+                               "installed package has it: a wheel's, an sdist's, or a checkout after `pip install "
+                               "-e .`)") from None
+    m = _VERSION_RE.search(text)
+    if m is None:
+        raise TreeVersionError(f"{path}: no `__version__ = '...'` line to read {engine}'s version from")
+    return m.group(1)
+
 
 
 class FetchError(RuntimeError):
@@ -162,40 +252,104 @@ def cache_root() -> Path:
 
 @dataclass(frozen=True)
 class Source:
-    """Where one engine's files are read from: the hash-checked cache of its pin (`local` None), or a
-    local tree laid out like the installed package (`--engine-src NAME=PATH`: a checkout, a patch),
-    whose files are hashed as read and whose version reads `<pin>+local`. Every function below that
-    reads an engine's files takes one (or a pin name, meaning its cache), so which bytes a subject was
-    built from is an argument all the way down, never the environment at that moment."""
+    """Where one engine's files are read from: the hash-checked cache of a pinned release (`local` None;
+    `release` None: the engine's default, `PINS`), or a local tree laid out like the installed package
+    (`--engine-src NAME=PATH`: a checkout, a patch), whose files are hashed as read and whose version is
+    read from the tree (`tree_version`) and marked `+local`. Every function below that reads an engine's
+    files takes one (or a spec, ENGINE or ENGINE@VERSION, meaning that release's cache), so which bytes a
+    subject was built from is an argument all the way down, never the environment at that moment.
+
+    `engine` may be given as ENGINE@VERSION (then `release` is that version). A `local` path that is a
+    pinned release's own cache tree is that release, verified against its pin like any cache: this is how
+    a run names a release (`--engine vllm@0.34.0` maps pin vllm to that tree in the run's sources, which
+    cross to other processes as K3NUM_ENGINE_SRC does)."""
 
     engine: str
     local: Path | None = None
+    release: str | None = None
 
     def __post_init__(self) -> None:
+        name, at, version = self.engine.partition("@")
+        if at:
+            object.__setattr__(self, "engine", name)
+            object.__setattr__(self, "release", version)
         if self.engine not in PINS:
             raise ValueError(f"unknown engine {self.engine!r}; pinned: {sorted(PINS)}")
+        if self.release is not None:
+            release_pin(f"{self.engine}@{self.release}")  # ValueError listing the pinned ones
+        if self.local is not None:
+            held = release_of_tree(self.engine, self.local)
+            if held is not None:
+                object.__setattr__(self, "local", None)
+                object.__setattr__(self, "release", held)
+
+    @property
+    def pin(self) -> Pin:
+        """The pinned release read (the cache), or the one a local tree is compared with: the release its
+        version names when that one is pinned, else the default."""
+        if self.local is None:
+            return release_pin(self.spec)
+        base = local_version(self.engine, self.local).partition("+")[0]
+        return next((p for p in _releases_of(self.engine) if p.version == base), PINS[self.engine])
+
+    @property
+    def spec(self) -> str:
+        """ENGINE or ENGINE@VERSION: the release this source's cache is (a local tree: its engine)."""
+        if self.local is not None or self.release is None or PINS[self.engine].version == self.release:
+            return self.engine
+        return f"{self.engine}@{self.release}"
 
     @property
     def root(self) -> Path:
         if self.local is not None:
             return self.local
-        pin = PINS[self.engine]
-        return cache_root() / f"{pin.engine}-{pin.version}"
+        return cache_root() / _tree_name(self.pin)
 
     @property
     def version(self) -> str:
-        """The version the records carry: the pin's, or `<pin>+local` for a local tree."""
-        pin = PINS[self.engine]
-        return f"{pin.version}+local" if self.local is not None else pin.version
+        """The version the records carry: the pinned release's, or a local tree's own (read from it) with
+        `+local`. TreeVersionError where a local tree does not say it."""
+        if self.local is not None:
+            return f"{local_version(self.engine, self.local)}+local"
+        return self.pin.version
+
+
+def local_version(engine: str, root: Path) -> str:
+    """A local tree's version as read from it (`tree_version`; kept per path for the process)."""
+    key = (engine, root)
+    if key not in _TREE_VERSIONS:
+        _TREE_VERSIONS[key] = tree_version(engine, root)
+    return _TREE_VERSIONS[key]
+
+
+_TREE_VERSIONS: dict[tuple[str, Path], str] = {}  # a per-process memo of files read, like _VERIFIED
+
+
+def release_of_tree(engine: str, path: Path) -> str | None:
+    """The version of the pinned release whose cache tree `path` is (None: another tree)."""
+    try:
+        resolved = path.expanduser().resolve()
+    except OSError:
+        return None
+    for p in (_releases_of(engine) if engine in PINS else ()):
+        if (cache_root() / _tree_name(p)).resolve() == resolved:
+            return p.version
+    return None
+
+
+def release_root(spec: str) -> Path:
+    """The cache tree of a pinned release (ENGINE or ENGINE@VERSION)."""
+    return cache_root() / _tree_name(release_pin(spec))
 
 
 def source(src: "Source | str") -> Source:
-    """A Source, or a pin name meaning its pinned cache."""
+    """A Source, or a spec (ENGINE, ENGINE@VERSION) meaning that release's cache."""
     return src if isinstance(src, Source) else Source(src)
 
 
 def source_of(engine: str, sources: "dict[str, Path] | None") -> Source:
-    """The Source of pin `engine` in a run whose local trees are `sources` (pin name -> tree)."""
+    """The Source of pin `engine` in a run whose local trees are `sources` (pin name -> tree; a release's
+    cache tree names that release)."""
     return Source(engine, (sources or {}).get(engine))
 
 
@@ -225,7 +379,7 @@ def pinned_files(src: "Source | str", files: tuple[str, ...]) -> bool:
     against its pins before use); for a local tree, each file's sha256 against the pinned manifest (no
     verified manifest to compare with: not the pinned bytes as far as anyone can tell)."""
     src = source(src)
-    pin = PINS[src.engine]
+    pin = src.pin
     unknown = [f for f in files if f not in pin.files]
     if unknown:
         raise ValueError(f"{src.engine}: {unknown} are not files of the pin")
@@ -239,7 +393,7 @@ def pinned_files(src: "Source | str", files: tuple[str, ...]) -> bool:
 
 def _pinned_manifest(pin: Pin) -> dict[str, str] | None:
     """The cache's MANIFEST.json when its own sha256 is the pinned one, else None."""
-    path = cache_root() / f"{pin.engine}-{pin.version}" / MANIFEST
+    path = cache_root() / _tree_name(pin) / MANIFEST
     try:
         if not pin.manifest_sha256 or sha256_of(path) != pin.manifest_sha256:
             return None
@@ -251,12 +405,13 @@ def _pinned_manifest(pin: Pin) -> dict[str, str] | None:
 def missing_files(src: "Source | str") -> list[str]:
     """The pinned files the engine's source lacks (a local tree, or a cache not fetched)."""
     src = source(src)
-    return missing_in(src.engine, src.root)
+    return missing_in(src.spec, src.root)
 
 
 def missing_in(engine: str, root: Path) -> list[str]:
-    """The engine's pinned files missing from the tree at `root` (empty when all are there)."""
-    return [f for f in PINS[engine].files if not (root / f).is_file()]
+    """The pinned files of `engine` (ENGINE or ENGINE@VERSION) missing from the tree at `root` (empty when all
+    are there)."""
+    return [f for f in release_pin(engine).files if not (root / f).is_file()]
 
 
 def sha256_of(path: Path) -> str:
@@ -273,7 +428,7 @@ def manifest(src: "Source | str") -> dict[str, str]:
     `verified_manifest`."""
     src = source(src)
     if src.local is not None:
-        return {f: sha256_of(src.local / f) for f in PINS[src.engine].files if (src.local / f).is_file()}
+        return {f: sha256_of(src.local / f) for f in src.pin.files if (src.local / f).is_file()}
     path = src.root / MANIFEST
     if not path.exists():
         return {}
@@ -289,9 +444,10 @@ def manifest_text(hashes: dict[str, str]) -> str:
 
 
 def cache_problems(engine: str) -> list[str] | None:
-    """What in the engine's cache differs from the pinned bytes, one line per file ("PATH: expected
-    sha256 X, found Y"); [] when all is as pinned; None when nothing was ever fetched."""
-    pin, root = PINS[engine], Source(engine).root
+    """What in the cache of `engine` (ENGINE or ENGINE@VERSION) differs from the pinned bytes, one line per
+    file ("PATH: expected sha256 X, found Y"); [] when all is as pinned; None when nothing was ever fetched."""
+    src = Source(engine)
+    pin, root = src.pin, src.root
     mpath = root / MANIFEST
     present = [f for f in pin.files if (root / f).exists()]
     if not mpath.exists():
@@ -319,8 +475,10 @@ _VERIFIED: dict[tuple[str, Path], dict[str, str]] = {}
 
 
 def forget_verified() -> None:
-    """Drop the per-process record of verified caches (tests that edit a cache call this)."""
+    """Drop the per-process record of verified caches and read tree versions (tests that edit a cache call
+    this)."""
     _VERIFIED.clear()
+    _TREE_VERSIONS.clear()
 
 
 def _warn(msg: str) -> None:
@@ -429,7 +587,7 @@ def verified_manifest(src: "Source | str", *, log: Log = _warn) -> dict[str, str
     src = source(src)
     if src.local is not None:
         return manifest(src)
-    engine, root = src.engine, src.root
+    engine, root = src.spec, src.root
     key = (engine, root)
     if key in _VERIFIED:
         return _VERIFIED[key]
@@ -437,7 +595,7 @@ def verified_manifest(src: "Source | str", *, log: Log = _warn) -> dict[str, str
     if problems is None:
         return {}
     if problems:
-        pin = PINS[engine]
+        pin = src.pin
         with cache_lock(_tree_name(pin), log=log):
             # another process may have repaired it while this one waited for the lock
             problems = cache_problems(engine) or []
@@ -539,10 +697,12 @@ def _extract(pin: Pin, wheels: dict[Pin, Path], root: Path) -> dict[str, str]:
 
 
 def fetch(engine: str, *, log: Log = print) -> Path:
-    """Make the engine's pinned source available in the cache; return its source directory."""
-    if engine not in PINS:
-        raise FetchError(f"unknown engine {engine!r}; pinned: {sorted(PINS)}")
-    pin = PINS[engine]
+    """Make a pinned release's source (ENGINE: the default release, or ENGINE@VERSION) available in the
+    cache; return its source directory."""
+    try:
+        pin = release_pin(engine)
+    except ValueError as e:
+        raise FetchError(str(e)) from None
     root = Source(engine).root
 
     def current() -> bool:

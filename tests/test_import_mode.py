@@ -97,7 +97,13 @@ def test_each_precondition_of_import_mode_is_named_when_it_fails(clean_imports, 
     if broken == "import":
         kw["overrides"] = {vllm_engine.ATTN_RES_PY: "raise RuntimeError('broken on purpose')\n"}
     _install(tmp_path, monkeypatch, "vllm", cuda=broken != "cuda", ops=broken != "ops", **kw)
-    sources = {"vllm": fetch.cache_root() / "vllm-0.33.0"} if broken == "local" else {}
+    sources = {}
+    if broken == "local":  # a copy of the pinned files (the cache's own tree would be the pinned release)
+        tree = tmp_path / "local-tree"
+        for rel in fetch.PINS["vllm"].files:
+            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tree / rel).write_bytes((fetch.Source("vllm").root / rel).read_bytes())
+        sources = {"vllm": tree}
     engine = registry.build("vllm", sources)
     # the note names why import mode was not taken first; an interpreter run declares its adaptation after it
     assert engine.mode != "import" and engine.mode_note.split("; interpreter adaptation")[0] == (

@@ -12,8 +12,10 @@ Two ways (BRIEF §4):
 from __future__ import annotations
 
 import ast
+import builtins
 import hashlib
 import importlib.util
+import symtable
 import sys
 import types
 from collections.abc import Iterator
@@ -63,12 +65,21 @@ def load_module(path: Path, module_name: str, stubs: dict[str, types.ModuleType]
     return module
 
 
+def is_overload(node: ast.AST) -> bool:
+    """A `@overload` (`@typing.overload`) stub: a signature for type checkers, its body `...`."""
+    return isinstance(node, ast.FunctionDef) and any(
+        (isinstance(d, ast.Name) and d.id == "overload") or (isinstance(d, ast.Attribute) and d.attr == "overload")
+        for d in node.decorator_list)
+
+
 def find_def(tree: ast.Module, qualname: str) -> ast.FunctionDef:
-    """The FunctionDef for `name` or `Class.method` in a parsed module."""
+    """The FunctionDef for `name` or `Class.method` in a parsed module: the implementation, never one of the
+    `@overload` stubs before it (vLLM 0.34.0's `refill_derived` has two: lifting one sets nothing)."""
     node: ast.AST = tree
     for part in qualname.split("."):
         body = getattr(node, "body", [])
-        found = [n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part]
+        found = [n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part
+                 and not is_overload(n)]
         if not found:
             raise SourceError(f"{qualname}: {part} not found")
         node = found[0]
@@ -77,17 +88,53 @@ def find_def(tree: ast.Module, qualname: str) -> ast.FunctionDef:
     return node
 
 
+def free_globals(fn: ast.FunctionDef) -> list[str]:
+    """The global names `fn` (and the functions and comprehensions inside it) reads: what its globals must
+    provide, builtins aside. From Python's own symbol table of the function compiled alone."""
+    table = symtable.symtable(ast.unparse(ast.Module(body=[fn], type_ignores=[])), "<lifted>", "exec")
+    found: set[str] = set()
+    todo = list(table.get_children())
+    while todo:
+        t = todo.pop()
+        found |= {s.get_name() for s in t.get_symbols() if s.is_global() and s.is_referenced()}
+        todo += t.get_children()
+    return sorted(n for n in found if not hasattr(builtins, n))
+
+
+def check_provided(fn: ast.FunctionDef, qualname: str, path: Path, namespace: dict[str, Any]) -> None:
+    """SourceError naming each global `fn` reads that `namespace` does not provide: a helper a release
+    added (vLLM 0.34.0's `refill_derived`) or a `super()` call (routed to `_super_<method>`) is named before
+    any test runs, not met as a NameError inside one."""
+    lacking = [n for n in free_globals(fn) if n not in namespace]
+    if lacking:
+        said = [f"super().{n[len('_super_'):]}" if n.startswith("_super_") else n for n in lacking]
+        raise SourceError(f"{path.name}: {qualname} reads {', '.join(said)}, which the adapter does not provide "
+                          "(a name the release added: bind it, or give the lift a stand-in)")
+
+
+def not_bound(why: str, *names: str) -> dict[str, Any]:
+    """Globals a lifted body reads only on a branch the harness never takes, declared so: each raises
+    SourceError naming `why` if it is reached after all."""
+    def make(name: str) -> Any:
+        def unbound(*args: Any, **kwargs: Any) -> Any:
+            raise SourceError(f"{name}: not bound by the harness ({why})")
+        return unbound
+    return {n: make(n) for n in names}
+
+
 def lift(path: Path, qualname: str, namespace: dict[str, Any]) -> Any:
     """Compile `qualname` (a function or `Class.method`) alone from `path`, its globals = namespace.
 
     Decorators are dropped (the adapters inject what the body needs); the code
     keeps the file name and line numbers so tracebacks point into the engine.
+    Every global name the body reads must be in `namespace` (`check_provided`).
     """
     if not path.exists():
         raise SourceError(f"missing engine source {path} (run `k3num fetch`)")
     tree = ast.parse(path.read_text(), filename=str(path))
     fn = find_def(tree, qualname)
     fn.decorator_list = []
+    check_provided(fn, qualname, path, namespace)
     mod = ast.Module(body=[fn], type_ignores=[])
     code = compile(mod, filename=str(path), mode="exec")
     glb: dict[str, Any] = {"__name__": f"k3num_lifted.{qualname}", "__builtins__": __builtins__}
@@ -127,6 +174,7 @@ def lift_method(path: Path, qualname: str, namespace: dict[str, Any]) -> Any:
     fn = find_def(ast.parse(path.read_text(), filename=str(path)), qualname)
     fn.decorator_list = []
     fn = route_super(fn)
+    check_provided(fn, qualname, path, namespace)
     glb: dict[str, Any] = {"__name__": f"k3num_lifted.{qualname}", "__builtins__": __builtins__, **namespace}
     exec(compile(ast.Module(body=[fn], type_ignores=[]), str(path), "exec"), glb)
     return glb[fn.name]

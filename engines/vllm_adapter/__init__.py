@@ -124,6 +124,8 @@ CONTRACT: dict[str, dict[str, dict[str, list[str] | None]]] = {
 # bound besides CONTRACT's names, for `k3num coverage`: (file, function) -> (language, K3 path, subject or contract)
 BOUND_BESIDES_CONTRACT = {
     (UTILS_PY, "WeightsMapper"): ("python", "1", "weight_loading"),
+    # 0.34.0's metadata build reads it (context_kv.RELEASE_HELPERS); 0.33.0's file does not define it
+    ("vllm/model_executor/utils.py", "refill_derived"): ("python", "1", base.CONTEXT_KV_FUSED),
     (DSPARK_PY, "K3DSparkForCausalLM.hf_to_vllm_mapper"): ("python", "1", "weight_loading"),
     **{(CUSTOM_OPS_PY, name): ("python", "1", "context_kv_ops") for name in BUILT_OPS},
     ("csrc/layernorm_kernels.cu", "rms_norm (built by k3num build-ops; a stand-in without CUDA)"):
@@ -205,7 +207,7 @@ def build(src: fetch.Source, mode: str) -> base.Engine:
     if inst is not None:
         return _build_imported(inst)
     if not fetch.verified_manifest(src):
-        raise EngineUnavailable(f"vllm {PIN.version} source is not in {root}: run `k3num fetch vllm`")
+        raise EngineUnavailable(f"vllm {src.pin.version} source is not in {root}: run `k3num fetch {src.spec}`")
     interpret = not torch.cuda.is_available()
     run_mode = "source-interpreter" if interpret else "source-gpu"
     if interpret:
@@ -293,7 +295,7 @@ def build_rocm(src: fetch.Source, mode: str) -> base.Engine:
             missing=ROCM_MISSING,
         )
     if not fetch.verified_manifest(src):
-        raise EngineUnavailable(f"vllm {PIN.version} source is not in {root}: run `k3num fetch vllm`")
+        raise EngineUnavailable(f"vllm {src.pin.version} source is not in {root}: run `k3num fetch {src.spec}`")
     interpret = not torch.cuda.is_available()
     if interpret:
         require_interpreter()

@@ -4,6 +4,7 @@ stand-in compiled ops or vLLM's own `_custom_ops` wrappers over the ops `k3num b
 
 from __future__ import annotations
 
+import ast
 import functools
 import types
 from dataclasses import dataclass, field
@@ -92,6 +93,22 @@ class _RecordingOps:
         self._captured["k_pe"] = query
 
 
+# helpers a release added to vllm/model_executor/utils.py that the bound methods read (0.34.0's metadata build
+# sets its derived tensors through refill_derived), lifted from the tree when it defines them
+MEXEC_UTILS_PY = "vllm/model_executor/utils.py"
+RELEASE_HELPERS = ("refill_derived",)
+
+
+def release_helpers(root: Path) -> dict[str, Any]:
+    """{name: the tree's own function} for each of RELEASE_HELPERS that `root`'s utils file defines."""
+    path = root / MEXEC_UTILS_PY
+    if not path.is_file():
+        return {}
+    tree = ast.parse(path.read_text(), filename=str(path))
+    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    return {name: source.lift(path, name, {"torch": torch}) for name in RELEASE_HELPERS if name in defined}
+
+
 def _bind_precompute(path: Path, namespace: dict[str, Any] | None, real_ops: Any | None) -> Any:
     """CONTEXT_KV_FUSED from `path`: in source mode (namespace None) with stand-in ops, or with `real_ops`
     (the compiled ops built by `k3num build-ops`, behind vLLM's own wrappers); in import mode with the
@@ -115,7 +132,8 @@ def _bind_precompute(path: Path, namespace: dict[str, Any] | None, real_ops: Any
     else:
         impl = real_ops
     workspace = _Workspace()
-    ns = {**namespace, "ops": _RecordingOps(impl, captured), "current_workspace_manager": lambda: workspace}
+    ns = {**namespace, "ops": _RecordingOps(impl, captured), "current_workspace_manager": lambda: workspace,
+          **{k: f for k, f in release_helpers(path.parents[4]).items() if k not in namespace}}
     precompute = source.lift(path, "K3DSparkModel._precompute_fused_context_kv", ns)
     # the metadata the fused path reads (the per-layer kv_a_layernorm weights stacked, the geometry, the fp8
     # scales) is built by vLLM's own _build_fused_context_kv_metadata from the draft layers' attentions

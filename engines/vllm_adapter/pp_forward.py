@@ -118,7 +118,11 @@ def bind(root: Path, attn_res: Callable, platform: str, mutate: dict[str, Callab
     if platform == "nvidia":
         path = root / MODEL_PY
         over_pp = _class_value(path, "KimiLinearModel", "supports_aux_hidden_states_over_pp", default_over_pp)
-        forward = source.lift_method(path, "KimiLinearModel.forward", common)
+        # its sequence-parallel branch reads names the harness does not bind (use_sequence_parallel is False
+        # on the models it builds): declared so, each raising if it is ever reached
+        forward = source.lift_method(path, "KimiLinearModel.forward", {**common, **source.not_bound(
+            "sequence parallelism (the harness builds use_sequence_parallel=False)",
+            "get_forward_context", "is_forward_context_available", "sp_all_gather", "sp_padding_mask", "sp_shard")})
         capture = source.lift_method(path, "KimiLinearModel._capture_aux_hidden_stream", common)
         set_layers = source.lift_method(path, "KimiLinearModel._set_aux_hidden_state_layers", {
             **common, "logger": types.SimpleNamespace(info=lambda *a, **k: None, info_once=lambda *a, **k: None),

@@ -34,6 +34,17 @@ class CheckError(ValueError):
 
 
 def _tree(flag: str, path: str, pin: str) -> Path:
+    """The tree `path` names: a directory laid out like the installed package, or a pinned release's version
+    (`--head 0.34.0`: that release's verified cache, for the release-to-release report)."""
+    if path in fetch.releases(pin) and not Path(path).exists():
+        root = fetch.release_root(f"{pin}@{path}")
+        try:
+            fetched = fetch.verified_manifest(fetch.Source(pin, root))
+        except fetch.FetchError as e:
+            raise CheckError(f"{flag} {path}: {e}") from None
+        if not fetched:
+            raise CheckError(f"{flag} {path}: {pin} {path} is not fetched (run `k3num fetch {pin}@{path}`)")
+        return root
     root = Path(path).expanduser()
     if not root.is_dir():
         raise CheckError(f"{flag} {path}: not a directory")
@@ -41,6 +52,10 @@ def _tree(flag: str, path: str, pin: str) -> Path:
     if missing:
         raise CheckError(f"{flag} {path}: lacks the bound file(s) {', '.join(missing)} (a tree laid out like the "
                          "installed package, e.g. a checkout's root)")
+    try:  # the version the check's tables name is the tree's own
+        fetch.tree_version(pin, root)
+    except fetch.TreeVersionError as e:
+        raise CheckError(f"{flag} {path}: {e}") from None
     return root.resolve()
 
 
@@ -360,10 +375,12 @@ def add_parser(sub) -> None:
                               "subject the head cannot run, a flaky failure outside the ledger, or paired drift; 2 "
                               "could not run (bad --head/--base/--engine, a failed run, nothing selected)")
     c.add_argument("--engine", required=True, help=f"one of {', '.join(registry.pinned())}")
-    c.add_argument("--head", required=True, metavar="PATH",
-                   help="the change: a tree laid out like the installed package (a checkout's root)")
-    c.add_argument("--base", default="pinned", metavar="pinned|PATH",
-                   help="the baseline: the pinned release (default) or another tree")
+    c.add_argument("--head", required=True, metavar="PATH|VERSION",
+                   help="the change: a tree laid out like the installed package (a checkout's root), or a pinned "
+                        "release's version (--head 0.34.0: the release-to-release report)")
+    c.add_argument("--base", default="pinned", metavar="pinned|PATH|VERSION",
+                   help="the baseline: the engine's default pinned release (default), another tree, or a pinned "
+                        "release's version")
     c.add_argument("--hypothesis-profile", default="ci",
                    help="hypothesis profile: ci (default: derandomized, 40 examples), dev, nightly, nightly-1k, "
                         "gpu-smoke (harness/plugin.py)")

@@ -84,7 +84,8 @@ def cmd_tree(args: argparse.Namespace) -> int:
 
 
 def fetch_targets() -> list[str]:
-    return (sorted(fetch.PINS) + [f"{name}-csrc" for name in sorted(fetch.SDISTS)]
+    # every pinned release: the default's bare name, the others as ENGINE@VERSION (supply/fetch.py RELEASES)
+    return (sorted(fetch.all_release_specs()) + [f"{name}-csrc" for name in sorted(fetch.SDISTS)]
             + sorted({f"{b.engine}-bin" for b in fetch.BINARIES.values()}))
 
 

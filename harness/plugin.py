@@ -302,6 +302,23 @@ def _context(config: pytest.Config) -> run.RunContext:
         sources = {**started.sources, **fetch.parse_sources(config.getoption("--engine-src") or [])}
     except ValueError as e:
         raise pytest.UsageError(f"--engine-src: {e}") from e
+    try:  # --engine vllm@0.34.0: that release's verified cache is pin vllm's source in this run
+        named = run_scope.engine_releases(config.getoption("--engine"))
+    except ValueError as e:
+        raise pytest.UsageError(f"--engine: {e}") from e
+    given = fetch.parse_sources(config.getoption("--engine-src") or [])
+    clash = [pin for pin in named if pin in given]
+    if clash:
+        raise pytest.UsageError(f"--engine {named[clash[0]]} and --engine-src {clash[0]}=...: a run reads one tree "
+                                "per engine (a pinned release, or a local tree)")
+    sources.update({pin: fetch.release_root(spec) for pin, spec in named.items()})
+    for pin, tree in sources.items():  # a local tree says its version, or the run is refused naming the file
+        src = fetch.Source(pin, tree)
+        if src.local is not None and not fetch.missing_files(src):
+            try:
+                fetch.local_version(pin, tree)
+            except fetch.TreeVersionError as e:
+                raise pytest.UsageError(f"--engine-src {pin}={tree}: {e}") from e
     repro_dir = config.getoption("--repro-dir")
     if config.getoption("--repro-all") and repro_dir is None:
         raise pytest.UsageError("--repro-all: needs --repro-dir DIR")
@@ -522,6 +539,29 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if failed:
         lines.append(f"k3-numerics: hypothesis's literal pool lacks {len(failed)} module(s) that did not import here "
                      f"(harness/literal_pool.py): {'; '.join(failed)[:500]}")
+    return lines + _contract_lines(config)
+
+
+def _contract_lines(config: pytest.Config) -> list[str]:
+    """Where the run reads another tree than the default pins (a release named ENGINE@VERSION, a local tree):
+    the release each selected engine reads and one line per subject whose contract that tree breaks, before
+    any test runs (the tests of those subjects then skip with the same reason)."""
+    ctx = config.stash[RUN]
+    if not ctx.sources:
+        return []
+    lines = []
+    for name in run_scope.engine_names(config):
+        pin = registry.pin_of(name)
+        if pin is None or pin not in ctx.sources:
+            continue
+        try:
+            engine = registry.get(name, ctx.sources, ctx.engine_mode)
+        except (registry.EngineUnavailable, ValueError) as e:
+            lines.append(f"k3-numerics: {name}: unavailable: {e}")
+            continue
+        lines.append(f"k3-numerics: {name} {engine.version} ({engine.mode}) from {ctx.source(pin).root}")
+        lines += [f"k3-numerics: {name} {engine.version}: {subject}: {why}"
+                  for subject, why in sorted(engine.missing.items()) if why.startswith("contract changed")]
     return lines
 
 
@@ -709,7 +749,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         ctx = config.stash[RUN]
         mode = installed.expected_mode(ctx.source(pin.engine), ctx.engine_mode) if pin else "reference"
         test = getattr(item, "originalname", item.name)
-        found = ledger.lookup_all(name, pin.version, test, mode) if pin else []
+        # the release read (a check pairs against the entries of the pinned base it names)
+        release = (pin.version if checking else ctx.source(pin.engine).pin.version) if pin else ""
+        found = ledger.lookup_all(name, release, test, mode) if pin else []
         if checking:  # the entry filed on the pinned release names a known failure; nothing is marked
             item.k3num_check_ledger = found[0].id if found else ""  # type: ignore[attr-defined]
             h = getattr(getattr(item, "obj", None), "hypothesis", None)

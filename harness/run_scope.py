@@ -52,12 +52,35 @@ def engine_names(config: pytest.Config) -> list[str]:
     opt = config.getoption("--engine")
     if not opt:
         return registry.defaults()
-    names = [n.strip() for n in opt.split(",") if n.strip()]
+    # NAME@VERSION names a pinned release; the run reads it as its sources (engine_releases), the ids stay NAME
+    names = list(dict.fromkeys(n.strip().partition("@")[0] for n in opt.split(",") if n.strip()))
     unknown = [n for n in names if n not in registry.known()]
     if unknown:
         raise pytest.UsageError(f"--engine {opt}: unknown engine(s) {', '.join(unknown)}; known: "
                                 f"{', '.join(registry.known())}")
     return names
+
+
+def engine_releases(opt: str | None) -> dict[str, str]:
+    """{pin: ENGINE@VERSION} for each engine --engine names with a release (`vllm@0.34.0`, `vllm-rocm@0.34.0`);
+    ValueError for a release not pinned (listing the pinned ones), an engine reading no pin, or two releases
+    of one pin in one run (each release is a run of its own: the test ids name the engine, not the release)."""
+    from k3num.supply import fetch
+
+    out: dict[str, str] = {}
+    for item in (n.strip() for n in (opt or "").split(",")):
+        name, at, version = item.partition("@")
+        if not at:
+            continue
+        pin = registry.pin_of(name)
+        if pin is None:
+            raise ValueError(f"{item}: {name} reads no pinned release" if name in registry.known() else
+                             f"{item}: unknown engine {name!r}; known: {', '.join(registry.known())}")
+        spec = fetch.spec_of(fetch.release_pin(f"{pin}@{version}"))  # ValueError listing the pinned releases
+        if out.get(pin, spec) != spec:
+            raise ValueError(f"{out[pin]} and {item}: one release of {pin} per run (run each in its own)")
+        out[pin] = spec
+    return out
 
 
 def is_controller(config: pytest.Config) -> bool:

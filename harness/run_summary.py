@@ -87,9 +87,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def _named_engines(config: pytest.Config) -> list[str]:
     """The engines the user asked for by name: --engine's list, else the engines an --engine-src feeds."""
-    opt = config.getoption("--engine")
-    if opt:
-        return [n.strip() for n in opt.split(",") if n.strip()]
+    if config.getoption("--engine"):
+        return engine_names(config)  # NAME@VERSION is engine NAME
     pins = set(config.stash[state.RUN].sources)
     return [n for n in registry.known() if n.split("-")[0] in pins]
 

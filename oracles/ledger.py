@@ -44,12 +44,21 @@ class Divergence:
     # run 34: the pinned vLLM bytes, loaded twice, failed K3N-004's case four times in a row on one and
     # passed four times on the other); `k3num check` cannot tell a head's failure in its tests from it
     race: bool = False
+    # the releases the finding is confirmed on besides `version` (the one it was filed on): its reproducer
+    # run there, in CI. On a release it is not confirmed on, the entry does not apply (its failures are
+    # judged plainly) and its reproducer, where it still reproduces, fails asking for the confirmation
+    also_releases: tuple[str, ...] = ()
+
+    @property
+    def releases(self) -> tuple[str, ...]:
+        """Every release the entry is confirmed on, the one it was filed on first."""
+        return (self.version, *self.also_releases)
 
 
 LEDGER: tuple[Divergence, ...] = (
     Divergence(
         id="K3N-001", files=("vllm/models/kimi_k3/amd/linear.py", "vllm/models/kimi_k3/nvidia/model.py"),
-        engine="vllm-rocm", version="0.33.0", subject="aux_capture",
+        engine="vllm-rocm", version="0.33.0", also_releases=("0.34.0",), subject="aux_capture",
         test="test_branch1_tap_mixes_with_the_next_layers_weights_and_blocks",
         what="the ROCm aux tap (amd/linear.py _maybe_add_hidden_state) returns the prefix sum and ignores "
              "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM, so with the flag on it is not the next layer's mixture",
@@ -63,7 +72,7 @@ LEDGER: tuple[Divergence, ...] = (
     ),
     Divergence(
         id="K3N-002", files=("vllm/models/kimi_k3/amd/linear.py", "vllm/models/kimi_k3/nvidia/model.py"),
-        engine="vllm-rocm", version="0.33.0", subject="aux_capture",
+        engine="vllm-rocm", version="0.33.0", also_releases=("0.34.0",), subject="aux_capture",
         test="test_branch2_tap_on_the_last_rank_mixes_with_the_output_weights",
         what="same cause as K3N-001 after the last layer: the output mixture is never formed",
         reproducer="TapCase(num_layers=2, block_size=1, stage_end=1, layer_idx=0, tokens=1, hidden=16, seed=0): "
@@ -72,7 +81,7 @@ LEDGER: tuple[Divergence, ...] = (
     ),
     Divergence(
         id="K3N-003", files=("vllm/models/kimi_k3/amd/linear.py", "vllm/models/kimi_k3/nvidia/model.py"),
-        engine="vllm-rocm", version="0.33.0", subject="aux_capture",
+        engine="vllm-rocm", version="0.33.0", also_releases=("0.34.0",), subject="aux_capture",
         test="test_branch3_non_final_stage_raises_when_configured_to",
         what="at the end of a non-final PP stage the ROCm tap returns the prefix where the NVIDIA path "
              "of the same release refuses (RuntimeError): the two platforms disagree on branch 3",
@@ -82,7 +91,7 @@ LEDGER: tuple[Divergence, ...] = (
     ),
     Divergence(
         id="K3N-004", files=("vllm/models/kimi_k3/nvidia/ops/attn_res.py",),
-        engine="vllm", version="0.33.0", subject="attn_res",
+        engine="vllm", version="0.33.0", also_releases=("0.34.0",), subject="attn_res",  # 0.34.0: GPU run 77
         test="test_a_block_written_in_the_call_is_mixed_with_its_written_value",
         what="nvidia/ops/attn_res.py _attn_res_kernel stores the prefix into bank row block_write_idx and then "
              "loads the sources with another thread layout; the tl.debug_barrier() between them is only "
@@ -101,7 +110,7 @@ LEDGER: tuple[Divergence, ...] = (
     ),
     Divergence(
         id="K3N-005", files=("vllm/models/kimi_k3/amd/ops/attn_res.py",),
-        engine="vllm-rocm", version="0.33.0", subject="attn_res",
+        engine="vllm-rocm", version="0.33.0", also_releases=("0.34.0",), subject="attn_res",  # 0.34.0: GPU run 77
         test="test_a_block_written_in_the_call_is_mixed_with_its_written_value",
         what="same race as K3N-004 in amd/ops/attn_res.py (the ROCm Triton kernel, run on the H200)",
         reproducer="AttnResCase(tokens=1, hidden=32, bank=2, num_blocks=2, block_write_idx=0, with_delta=False, "
@@ -131,14 +140,15 @@ LEDGER: tuple[Divergence, ...] = (
     ),
     Divergence(
         id="K3N-007", files=("vllm/models/kimi_k3/amd/ops/attn_res.py",),
-        engine="vllm-rocm", version="0.33.0", subject="attn_res",
+        engine="vllm-rocm", version="0.33.0", also_releases=("0.34.0",), subject="attn_res",  # 0.34.0: GPU run 77
         test="test_attn_res_within_rounding_budget_of_oracle",
         what="amd/ops/attn_res.py _attn_res_kernel races with itself when it has a delta: it stores prefix + delta "
              "back into the prefix in place (warps 0-3, the row layout) with no barrier before the store, while the "
              "compiled kernel (hidden 128, 8 warps, BLOCK_L 4) issues the prefix and delta loads a second time in the "
              "source tile's layout for the prefix source. When the store lands between the two reads, the tile's "
              "prefix is read already updated and gets delta again: every wrong output equals a reference in which "
-             "one or two 32-element segments of the prefix are bf16(bf16(p + d) + d). A tl.debug_barrier() before "
+             "one or more 32-element segments of the prefix are bf16(bf16(p + d) + d) (one or two in runs 11-19; three "
+             "at 7 blocks, run 80). A tl.debug_barrier() before "
              "the prefix store gives one output in 200 calls (harness/fixes.py, scripts/prove_fixes.py). "
              "compute-sanitizer's racecheck reports no hazard (the race is on global memory, which it does not "
              "check). Needs the delta, the 4-source tile (fewer than 256 tokens, num_blocks >= 2); seen on the H200 "
@@ -171,7 +181,7 @@ LEDGER: tuple[Divergence, ...] = (
     ),
     Divergence(
         id="K3N-009", files=("vllm/models/kimi_k3/nvidia/ops/attn_res.py",),
-        engine="vllm", version="0.33.0", subject="attn_res",
+        engine="vllm", version="0.33.0", also_releases=("0.34.0",), subject="attn_res",
         test="test_attn_res_bank_indices_outside_the_bank_are_refused",
         what="nvidia/ops/attn_res.py attn_res accepts num_blocks > blocks.shape[1] and block_write_idx >= "
              "blocks.shape[1]: the bounds it checks gate only the SM100 native op, and the Triton fallback then "
@@ -223,7 +233,7 @@ LEDGER: tuple[Divergence, ...] = (
     ),
     Divergence(
         id="K3N-010", files=("vllm/models/kimi_k3/amd/ops/attn_res.py",),
-        engine="vllm-rocm", version="0.33.0", subject="attn_res",
+        engine="vllm-rocm", version="0.33.0", also_releases=("0.34.0",), subject="attn_res",
         test="test_attn_res_bank_indices_outside_the_bank_are_refused",
         what="same as K3N-009 in amd/ops/attn_res.py, which checks no bound at all",
         reproducer="as K3N-009",
@@ -274,7 +284,7 @@ def lookup_all(engine: str, version: str, test: str, mode: str) -> list[Divergen
     """Every entry filed for this test (two races share the ROCm repeat property: K3N-005, K3N-007);
     `mode` is the mode the engine's kernels run in here."""
     # a mode's variant (source-gpu+ops: the same kernels, with compiled ops built here) matches its base
-    return [d for d in LEDGER if (d.engine, d.version) == (engine, version) and (d.test == test or test in d.also)
+    return [d for d in LEDGER if d.engine == engine and version in d.releases and (d.test == test or test in d.also)
             and (not d.modes or mode in d.modes or mode.split("+", 1)[0] in d.modes)]
 
 

@@ -89,6 +89,16 @@ def test_each_ledger_reproducer_still_fails_on_the_pinned_release(entry_id: str,
         pairing_run.record_fixed_case(request.config, request.node.nodeid, entry_id, engine, side)
         return
     pinned = fetch.pinned_files(src, entry.files)
+    if src.local is None and src.pin.version not in entry.releases:  # a pinned release it is not confirmed on
+        got, why = attempt(entry_id, engine)
+        if got == REPRODUCED:
+            pytest.fail(f"{entry_id} reproduces on {entry.engine} {src.pin.version}, a release it is not confirmed "
+                        f"on ({', '.join(entry.releases)}): add {src.pin.version} to its also_releases "
+                        f"(oracles/ledger.py): {why[:200]}", pytrace=False)
+        if got == OTHER:
+            pytest.fail(f"{entry_id}'s reproducer ({rule.test}) failed on {src.pin.version}, but not as {entry_id}: "
+                        f"{why}", pytrace=False)
+        return  # gone on this release, where the entry does not apply
     if pinned:  # its records are the known divergence's: the run's tables count them known, not failed
         COLLECTOR.ledger = entry_id
     got, why = attempt(entry_id, engine)

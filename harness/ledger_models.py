@@ -11,8 +11,9 @@ in place) and its output.
     entry      subject              the defective computation
     K3N-001/2  aux_capture          the tap returns the prefix, bf16(prefix_sum + pending), where the
                                     mixture belongs (amd/linear.py _maybe_add_hidden_state ignores the flag)
-    K3N-007    attn_res             the prefix source read back after the kernel's own in-place store: none,
-                                    one or two 32-element segments bf16(bf16(p + d) + d) (amd/ops/attn_res.py)
+    K3N-007    attn_res             the prefix source read back after the kernel's own in-place store: a set of
+                                    32-element segments bf16(bf16(p + d) + d) (amd/ops/attn_res.py; any set
+                                    up to hidden 256, else at most two)
     K3N-006    stage_partial        each tap's projection rounded to bf16 (project_target_tap), the taps
                                     summed in float32 (add_capture): sum_i bf16(h_i W_i^T)
                finalize_projection  the float32 sum of the partials rounded to bf16 before the norm
@@ -28,6 +29,7 @@ Shapes: as engines/base.py's subject signatures.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -156,9 +158,16 @@ def _attn_res_args(c: Call) -> dict[str, Any]:
     return {**dict(zip(ATTN_RES_NAMES, c.args)), **{k: v for k, v in c.kwargs.items() if k in ATTN_RES_NAMES}}
 
 
+EVERY_SUBSET = 8  # up to this many segments (hidden <= 256) the raced set may be any of them: 2^8 oracle calls
+
+
 def _segment_sets(hidden: int) -> list[tuple[int, ...]]:
-    """The prefix segments a raced read can take twice: none, one, or (up to 16 segments) two of them."""
+    """The prefix segments a raced read can take twice. Any set of them where there are at most EVERY_SUBSET
+    (GPU run 80: at hidden 128 with 7 blocks, outputs bitwise equal to three segments raced, (1, 2, 3) and
+    (0, 2, 3), beside one and two); beyond that, for cost, none, one, or (up to 16 segments) two."""
     n = -(-hidden // SEGMENT)
+    if n <= EVERY_SUBSET:
+        return [c for k in range(n + 1) for c in itertools.combinations(range(n), k)]
     sets: list[tuple[int, ...]] = [(), *((i,) for i in range(n))]
     if n <= 16:
         sets += [(i, j) for i in range(n) for j in range(i + 1, n)]
@@ -166,7 +175,7 @@ def _segment_sets(hidden: int) -> list[tuple[int, ...]]:
 
 
 def delta_applied_twice(calls: list[Call]) -> str:
-    """Every output row equals the mixture in which none, one or two 32-element segments of the prefix source
+    """Every output row equals the mixture in which a set of 32-element segments of the prefix source (_segment_sets)
     are bf16(bf16(p + d) + d) (the prefix read back after the kernel's own store), within the call's budget
     (harness/judges.attn_res_oracle's, the accuracy property's own)."""
     from k3num.harness import judges
@@ -221,7 +230,7 @@ MODELS: dict[str, BugModel] = {
     "K3N-002": BugModel((base.AUX_CAPTURE,), tap_returns_the_prefix,
                         "the tap returns bf16(prefix_sum + pending) where the output mixture belongs"),
     "K3N-007": BugModel((base.ATTN_RES,), delta_applied_twice,
-                        "the prefix source read back after the kernel's own store: one or two 32-element segments "
+                        "the prefix source read back after the kernel's own store: a set of 32-element segments "
                         "with the delta applied twice"),
     "K3N-006": BugModel((base.STAGE_PARTIAL, base.FINALIZE_PROJECTION), tap_projections_rounded_to_bf16,
                         "each tap's projection rounded to bf16, summed in float32; the sum rounded to bf16 "

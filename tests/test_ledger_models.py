@@ -183,15 +183,16 @@ def _rocm_call(engine, hidden: int, seed: int, out_edit=None) -> ledger_models.C
     return dataclasses.replace(c, out=out_edit(c) if out_edit else c.out)
 
 
-def _raced(c: ledger_models.Call, segment: int) -> torch.Tensor:
-    """What K3N-007's race returns: the call's own oracle with one prefix segment given the delta twice."""
+def _raced(c: ledger_models.Call, *segments: int) -> torch.Tensor:
+    """What K3N-007's race returns: the call's own oracle with these prefix segments given the delta twice."""
     from k3num.harness import judges
 
     a = ledger_models._attn_res_args(c)
     p = judges.round_storage(c.engine, a["prefix"].float() + a["delta"].float())
     twice = judges.round_storage(c.engine, p.float() + a["delta"].float())
-    sl = slice(segment * ledger_models.SEGMENT, (segment + 1) * ledger_models.SEGMENT)
-    p[:, sl] = twice[:, sl]
+    for segment in segments:
+        sl = slice(segment * ledger_models.SEGMENT, (segment + 1) * ledger_models.SEGMENT)
+        p[:, sl] = twice[:, sl]
     want, _ = judges.attn_res_oracle(c.engine, p, None, a["blocks"], a["norm_weight"], a["qk_weight"],
                                      a["output_norm_weight"], 4, -1)
     return want.to(torch.bfloat16)
@@ -200,11 +201,13 @@ def _raced(c: ledger_models.Call, segment: int) -> torch.Tensor:
 @pytest.mark.parametrize("hidden", [128, 96])
 def test_k3n_007s_model_explains_the_kernel_and_its_race_and_rejects_a_padded_width_norm(hidden: int, tmp_path):
     """On ROCm's own kernel (the interpreter cannot race): its honest output is explained, an output with one
-    segment's delta applied twice (what the race returns on the GPU) is explained, and the planted score norm
+    segment's delta applied twice (what the race returns on the GPU) is explained, and three segments' (GPU run 80,
+    7 blocks), and the planted score norm
     over BLOCK_D (harness/fixes.py rocm-score-norm-block-d, at a hidden size that is not a power of two) is not."""
     engine = _engine("vllm-rocm")
     assert ledger_models.delta_applied_twice([_rocm_call(engine, hidden, 3)]) == ""
     assert ledger_models.delta_applied_twice([_rocm_call(engine, hidden, 3, lambda c: _raced(c, 1))]) == ""
+    assert ledger_models.delta_applied_twice([_rocm_call(engine, hidden, 3, lambda c: _raced(c, 0, 1, 2))]) == ""
     scaled = _rocm_call(engine, hidden, 3, lambda c: (c.out.float() * 1.02).to(torch.bfloat16))
     assert "from every delta-twice variant" in ledger_models.delta_applied_twice([scaled])
     if hidden & (hidden - 1):  # BLOCK_D != hidden only where hidden is not a power of two

@@ -1,0 +1,89 @@
+"""Does K3N-007's bug model explain every output of one attn_res case, called as the in-place property calls it
+(fresh inputs each call, under the repeat properties' poisoned allocations)? For each distinct output of
+--calls calls: the model's verdict (harness/ledger_models.delta_applied_twice: one or two 32-element prefix
+segments with the delta applied twice) and whether the raw kernel on the raced prefix gives it bit for bit.
+
+Usage (CUDA machine): python scripts/explain_attn_res_race.py [--engine vllm-rocm] [--calls 152]
+    [--case "tokens=1,hidden=128,bank=8,num_blocks=7,seed=355,scale=1.0"] [--poison/--no-poison]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", default="vllm-rocm", help="an engine name (its default pinned release; both vLLM "
+                    "releases ship attn_res.py byte-identical)")
+    ap.add_argument("--calls", type=int, default=152)
+    ap.add_argument("--case", default="tokens=1,hidden=128,bank=8,num_blocks=7,seed=355,scale=1.0")
+    ap.add_argument("--no-poison", action="store_true", help="call without the poisoned allocations")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args()
+    if args.device == "cpu":
+        import os
+
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    from k3num.engines import base, registry
+    from k3num.fixtures.builders import attn_res_inputs
+    from k3num.fixtures.strategies import AttnResCase
+    from k3num.harness import ledger_models, ledger_run
+    from k3num.harness.judges import EPS, OUT_EPS
+    from k3num.oracles import hunt
+    from k3num.properties.support import round_storage
+
+    name = args.engine
+    fields = {"block_write_idx": -1, "with_delta": True, "with_output_norm": True, "outliers": 30.0}
+    for kv in args.case.split(","):
+        k, _, v = kv.partition("=")
+        fields[k.strip()] = float(v) if k.strip() in ("scale", "outliers") else int(v)
+    case = AttnResCase(**fields)
+    engine = registry.get(name)
+    print(f"{engine.name} {engine.version} ({engine.mode}) {case}", flush=True)
+    calls: list = []
+    watched = ledger_run.record_calls(engine, (base.ATTN_RES,), calls)
+    fn = watched.subjects[base.ATTN_RES]
+    outs: dict[bytes, int] = {}
+    first: dict[bytes, object] = {}
+    for i in range(args.calls):
+        inp = attn_res_inputs(case, torch.bfloat16, args.device)
+        ctx = hunt.poisoned_allocations() if not args.no_poison else torch.no_grad()
+        with ctx:
+            out = fn(inp.prefix, inp.delta, inp.blocks, inp.norm, inp.qk, inp.out_norm, case.num_blocks,
+                     case.block_write_idx, EPS, OUT_EPS)
+        key = out.detach().cpu().view(torch.int16).numpy().tobytes()
+        outs[key] = outs.get(key, 0) + 1
+        if key not in first and i < ledger_run.LIMIT:
+            first[key] = calls[i]
+    inp = attn_res_inputs(case, torch.bfloat16, args.device)
+    once = round_storage(engine, inp.prefix.float() + inp.delta.float())
+    twice = round_storage(engine, once.float() + inp.delta.float())
+    raw = engine.subject(base.ATTN_RES)
+    bits = {}
+    for k in range(case.hidden // 32 + 1):
+        for combo in itertools.combinations(range(case.hidden // 32), k):
+            pre = once.clone()
+            for s in combo:
+                pre[:, 32 * s: 32 * (s + 1)] = twice[:, 32 * s: 32 * (s + 1)]
+            o = raw(pre, None, inp.blocks.clone(), inp.norm, inp.qk, inp.out_norm, case.num_blocks, -1, EPS, OUT_EPS)
+            bits.setdefault(o.detach().cpu().view(torch.int16).numpy().tobytes(), combo)
+    print(f"{len(outs)} distinct outputs of {args.calls} calls")
+    for key, n in sorted(outs.items(), key=lambda kv: -kv[1]):
+        c = first.get(key)
+        verdict = ledger_models.delta_applied_twice([c]) if c is not None else "(not recorded: past LIMIT)"
+        same_in = c is not None and all(
+            torch.equal(a, b) for a, b in zip(c.args[:3], (inp.prefix, inp.delta, inp.blocks)))
+        print(f"  {n:>4} calls: raced segments {bits.get(key, 'none of the subsets')}; model: "
+              f"{verdict or 'explained'}; recorded inputs equal the drawn ones: {same_in}")
+
+
+if __name__ == "__main__":
+    main()

@@ -18,6 +18,9 @@
 #   `ledger` builds vLLM's ops (`k3num build-ops`, for K3N-014's FP8 insert) and runs `k3num impact --ledger` on cuda
 #   (K3NUM_LEDGER_CASES, default 10): every entry's case class through the draft step, the races K3N-004/005/007
 #   among them, which the CPU cannot run (OUT/impact-ledger-gpu.md and .csv, OUT/ledger.log).
+#   `release` runs another pinned vLLM release (K3NUM_RELEASE, default 0.34.0; carry engine-cache/vllm-RELEASE) on
+#   cuda: the K3-shape suite (K3NUM_K3_PROFILE) and the small-shape suite (K3NUM_SMALL_PROFILE) on vllm@RELEASE and
+#   vllm-rocm@RELEASE, then every ledger reproducer there (OUT/release-*.log, OUT/release-k3/, OUT/release-small/).
 #   `ranks` runs each PP stage as its own rank on NCCL, one GPU per rank (properties/test_pp_ranks.py --device cuda:
 #   2 and 4 ranks where as many GPUs are visible; the world sizes beyond them skip saying so). OUT/ranks.log.
 #   `known` runs the in-place prefix rewrite property (K3N-007's race on vllm-rocm) under nightly-1k on vllm and
@@ -88,8 +91,8 @@ out=${1:?usage: scripts/device_session.sh OUT [PARTS]}
 parts=",${2:-bench,race,k3,small},"
 want() { [[ "$parts" == *",$1,"* ]]; }
 for p in ${parts//,/ }; do
-    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts|oracle|profile|derand|nightly|known|ranks|tokens|ledger) ;;
-        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts, oracle, profile, derand, nightly, known, ranks, tokens, ledger)"
+    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts|oracle|profile|derand|nightly|known|ranks|tokens|ledger|release) ;;
+        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts, oracle, profile, derand, nightly, known, ranks, tokens, ledger, release)"
            exit 2;; esac
 done
 mkdir -p "$out"
@@ -109,7 +112,7 @@ small_engines=${K3NUM_SMALL_ENGINES:-vllm vllm-rocm sglang tokenspeed}
 for e in vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
-ledger=0 tokens=0 ranks=0 known=0 bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0 nightly=0
+release=0 ledger=0 tokens=0 ranks=0 known=0 bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0 nightly=0
 if want tokens; then
     echo "== the draft step at K3 geometry, the token properties and k3num impact on cuda"
     timeout -s INT "${K3NUM_TOKENS_BENCH_TIMEOUT:-200}" python bench/draft_step_speed.py --geometry k3 \
@@ -132,6 +135,28 @@ if want tokens; then
     timeout -s INT 240 python -m k3num.harness.cli impact --geometry k3 --device cuda --cases 3 \
         > "$out/impact-k3.md" 2>> "$out/impact.err"
     echo "impact --geometry k3 exit $? in $((SECONDS - t0)) s" | tee -a "$out/tokens-props.log"
+fi
+if want release; then
+    # another pinned release (K3NUM_RELEASE, default vllm's 0.34.0) on cuda: the K3-shape suite (K3NUM_K3_PROFILE),
+    # the small-shape suite (K3NUM_SMALL_PROFILE) and every ledger reproducer, each record naming the release read
+    rel=${K3NUM_RELEASE:-0.34.0}
+    [ -f "$K3NUM_ENGINE_CACHE/vllm-$rel/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/vllm-$rel (carry it)"; exit 2; }
+    echo "== vllm $rel on cuda: K3 shapes [$k3_profile], small shapes [$small_profile], the ledger reproducers"
+    t0=$SECONDS
+    K3NUM_PROFILE=$k3_profile K3NUM_SUITE="properties -m gpu" K3NUM_ENGINES="vllm@$rel vllm-rocm@$rel" \
+        K3NUM_IMPACT_K3_CASES=0 bash scripts/gpu_nightly.sh "$out/release-k3" > "$out/release-k3.log" 2>&1 || release=1
+    echo "K3 shapes exit $release in $((SECONDS - t0)) s" | tee -a "$out/release.log"
+    t0=$SECONDS
+    K3NUM_PROFILE=$small_profile K3NUM_SUITE="properties --ignore=properties/test_k3_shapes.py" \
+        K3NUM_ENGINES="vllm@$rel vllm-rocm@$rel" K3NUM_IMPACT_K3_CASES=0 \
+        bash scripts/gpu_nightly.sh "$out/release-small" > "$out/release-small.log" 2>&1 || release=1
+    echo "small shapes exit $release in $((SECONDS - t0)) s" | tee -a "$out/release.log"
+    t0=$SECONDS
+    timeout -s INT "${K3NUM_RELEASE_REPRO_TIMEOUT:-200}" python -m pytest properties/test_ledger_reproducers.py \
+        --engine "vllm@$rel,vllm-rocm@$rel" --device cuda -p no:cacheprovider -q -rfEsx > "$out/release-repro.log" 2>&1 \
+        || release=1
+    echo "ledger reproducers exit $release in $((SECONDS - t0)) s" | tee -a "$out/release.log"
+    tail -n 25 "$out/release-k3.log" "$out/release-small.log" "$out/release-repro.log"
 fi
 if want ledger; then
     echo "== every ledger entry's case class through the draft step on cuda (vLLM's ops built for K3N-014)"
@@ -464,5 +489,5 @@ if [ -n "$k3_pid" ]; then wait "$k3_pid"; k3=$?; cat "$out/k3.log"; fi
 if [ -n "$small_pid" ]; then wait "$small_pid"; small=$?; cat "$out/small.log"; fi
 dirs=(); for d in k3 small; do [ -d "$out/$d" ] && dirs+=("$d"); done
 [ ${#dirs[@]} -gt 0 ] && tar czf "$out/properties.tgz" -C "$out" "${dirs[@]}"
-echo "device_session: ledger exit $ledger, tokens exit $tokens, ranks exit $ranks, known exit $known, nightly exit $nightly, oracle exit $oracle, profile exit $profile, derand exit $derand, ts exit $ts, checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
-[ "$ledger" -eq 0 ] && [ "$tokens" -eq 0 ] && [ "$ranks" -eq 0 ] && [ "$known" -eq 0 ] && [ "$nightly" -eq 0 ] && [ "$oracle" -eq 0 ] && [ "$profile" -eq 0 ] && [ "$derand" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]
+echo "device_session: release exit $release, ledger exit $ledger, tokens exit $tokens, ranks exit $ranks, known exit $known, nightly exit $nightly, oracle exit $oracle, profile exit $profile, derand exit $derand, ts exit $ts, checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
+[ "$release" -eq 0 ] && [ "$ledger" -eq 0 ] && [ "$tokens" -eq 0 ] && [ "$ranks" -eq 0 ] && [ "$known" -eq 0 ] && [ "$nightly" -eq 0 ] && [ "$oracle" -eq 0 ] && [ "$profile" -eq 0 ] && [ "$derand" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]

@@ -114,7 +114,7 @@ def test_each_entry_is_confirmed_on_the_new_release_exactly_where_its_reproducer
         if "0.34.0" not in d.releases:
             continue
         skipped = cases[d.id].find("skipped")
-        if d.modes and "source-interpreter" not in d.modes:  # a GPU race: confirmed on the H200 (docs/gpu-run.md runs 77-78)
+        if d.modes and "source-interpreter" not in d.modes:  # a GPU race: confirmed on the H200 (gpu-run.md 77-78)
             assert skipped is not None and skipped.get("type") == "pytest.skip", f"{d.id} ran on the CPU"
             continue
         assert skipped is not None and skipped.get("type") == "pytest.xfail", \

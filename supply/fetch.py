@@ -289,7 +289,10 @@ class Source:
         version names when that one is pinned, else the default."""
         if self.local is None:
             return release_pin(self.spec)
-        base = local_version(self.engine, self.local).partition("+")[0]
+        try:
+            base = local_version(self.engine, self.local).partition("+")[0]
+        except TreeVersionError:  # a tree that does not say its version: refused where it is run (the plugin)
+            return PINS[self.engine]
         return next((p for p in _releases_of(self.engine) if p.version == base), PINS[self.engine])
 
     @property
@@ -308,9 +311,15 @@ class Source:
     @property
     def version(self) -> str:
         """The version the records carry: the pinned release's, or a local tree's own (read from it) with
-        `+local`. TreeVersionError where a local tree does not say it."""
+        `+local`. TreeVersionError where a complete local tree does not say it; a tree lacking pinned files
+        (refused, or its subjects missing, by whoever reads them) is "unknown+local"."""
         if self.local is not None:
-            return f"{local_version(self.engine, self.local)}+local"
+            try:
+                return f"{local_version(self.engine, self.local)}+local"
+            except TreeVersionError:
+                if missing_files(self):
+                    return "unknown+local"
+                raise
         return self.pin.version
 
 

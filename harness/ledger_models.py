@@ -12,8 +12,8 @@ in place) and its output.
     K3N-001/2  aux_capture          the tap returns the prefix, bf16(prefix_sum + pending), where the
                                     mixture belongs (amd/linear.py _maybe_add_hidden_state ignores the flag)
     K3N-007    attn_res             the prefix source read back after the kernel's own in-place store: a set of
-                                    32-element segments bf16(bf16(p + d) + d) (amd/ops/attn_res.py; any set
-                                    up to hidden 256, else at most two)
+                                    32-element segments bf16(bf16(p + d) + d) (amd/ops/attn_res.py; any set,
+                                    every one tried up to hidden 256, else found by a per-segment search)
     K3N-006    stage_partial        each tap's projection rounded to bf16 (project_target_tap), the taps
                                     summed in float32 (add_capture): sum_i bf16(h_i W_i^T)
                finalize_projection  the float32 sum of the partials rounded to bf16 before the norm
@@ -159,25 +159,89 @@ def _attn_res_args(c: Call) -> dict[str, Any]:
 
 
 EVERY_SUBSET = 8  # up to this many segments (hidden <= 256) the raced set may be any of them: 2^8 oracle calls
+SWEEPS = 6  # beyond that, rounds of the per-segment search (_searched_sets) before it gives up
+CHUNK_ELEMENTS = 2**27  # float64 elements of one batched oracle call in that search (about 1 GiB)
 
 
 def _segment_sets(hidden: int) -> list[tuple[int, ...]]:
-    """The prefix segments a raced read can take twice. Any set of them where there are at most EVERY_SUBSET
-    (GPU run 80: at hidden 128 with 7 blocks, outputs bitwise equal to three segments raced, (1, 2, 3) and
-    (0, 2, 3), beside one and two); beyond that, for cost, none, one, or (up to 16 segments) two."""
+    """Every set of the prefix's 32-element segments a raced read can take twice, where there are at most
+    EVERY_SUBSET of them (GPU run 80: at hidden 128 with 7 blocks, outputs bitwise equal to three segments
+    raced, (1, 2, 3) and (0, 2, 3), beside one and two). Beyond that `_searched_sets` finds the set."""
     n = -(-hidden // SEGMENT)
-    if n <= EVERY_SUBSET:
-        return [c for k in range(n + 1) for c in itertools.combinations(range(n), k)]
-    sets: list[tuple[int, ...]] = [(), *((i,) for i in range(n))]
-    if n <= 16:
-        sets += [(i, j) for i in range(n) for j in range(i + 1, n)]
-    return sets
+    return [c for k in range(n + 1) for c in itertools.combinations(range(n), k)]
+
+
+def _mixture(c: Call, a: dict[str, Any], prefix: torch.Tensor, bank: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """(the oracle's mixture [T,H] of `prefix` [T,H] over `bank` [T,N,H], its budget): the call's weights,
+    no delta, no bank write (the caller has applied both)."""
+    from k3num.harness import judges
+
+    return judges.attn_res_oracle(c.engine, prefix, None, bank, a["norm_weight"], a["qk_weight"],
+                                  a["output_norm_weight"], int(a["num_blocks"]), -1, float(a["eps"]),
+                                  float(a["output_norm_eps"]))
+
+
+def _segment_max(err: torch.Tensor, n: int) -> torch.Tensor:
+    """[..., n] the largest element of `err` [..., H] in each 32-element segment (the last one may be short)."""
+    pad = n * SEGMENT - err.shape[-1]
+    if pad:
+        err = torch.nn.functional.pad(err, (0, pad))
+    return err.reshape(*err.shape[:-1], n, SEGMENT).amax(dim=-1)
+
+
+def _searched_sets(c: Call, a: dict[str, Any], once: torch.Tensor, twice: torch.Tensor, bank: torch.Tensor,
+                   out: torch.Tensor) -> torch.Tensor:
+    """Where the prefix has more segments than EVERY_SUBSET (K3's 224): per row, the set of segments whose
+    delta-twice variant best explains `out` [T,H], found by rounds of single flips. Each round computes, for
+    every row and segment, the exact mixture with that one segment flipped from the current set (one batched
+    oracle call over rows x segments), and flips each segment whose own elements come closer to `out`. It
+    stops when nothing flips. Returns the best mixture found [T,H] (float64); the caller judges it against
+    the budget, so a set the search fails to find makes the output unexplained, never explained wrongly."""
+    t, h = once.shape
+    n = -(-h // SEGMENT)
+    seg_of = torch.arange(h, device=once.device) // SEGMENT  # [H]
+    swap = seg_of[None, :] == torch.arange(n, device=once.device)[:, None]  # [n, H] segment s's elements
+    raced = torch.zeros(t, n, dtype=torch.bool, device=once.device)  # [T, n] the current set per row
+    target = out.double()
+    best, best_err = None, None
+    rows = max(1, CHUNK_ELEMENTS // max(1, n * h * (bank.shape[1] + 2)))
+    for _ in range(SWEEPS):
+        cur = torch.where(raced[:, seg_of], twice, once)  # [T, H]
+        want, _ = _mixture(c, a, cur, bank)
+        err_now = (target - want).abs()
+        row_err = err_now.amax(dim=-1)
+        if best is None:
+            best, best_err = want.clone(), row_err.clone()
+        else:
+            better = row_err < best_err
+            best[better], best_err[better] = want[better], row_err[better]
+        other = torch.where(raced[:, seg_of], once, twice)  # [T, H] every segment's other variant
+        closer = torch.zeros_like(raced)
+        for r0 in range(0, t, rows):
+            r = slice(r0, min(t, r0 + rows))
+            k = r.stop - r.start
+            pref = torch.where(swap[None], other[r, None, :], cur[r, None, :]).reshape(k * n, h)
+            flipped, _ = _mixture(c, a, pref, bank[r].repeat_interleave(n, dim=0))
+            err_flip = (target[r, None, :] - flipped.reshape(k, n, h)).abs()  # [k, n, H]
+            own = torch.where(swap[None], err_flip, torch.zeros_like(err_flip)).amax(dim=-1)  # [k, n]
+            closer[r] = own < _segment_max(err_now[r], n)
+        if not bool(closer.any()):
+            break
+        raced ^= closer
+    cur = torch.where(raced[:, seg_of], twice, once)
+    want, _ = _mixture(c, a, cur, bank)
+    row_err = (target - want).abs().amax(dim=-1)
+    assert best is not None and best_err is not None
+    better = row_err < best_err
+    best[better] = want[better]
+    return best
 
 
 def delta_applied_twice(calls: list[Call]) -> str:
-    """Every output row equals the mixture in which a set of 32-element segments of the prefix source (_segment_sets)
-    are bf16(bf16(p + d) + d) (the prefix read back after the kernel's own store), within the call's budget
-    (harness/judges.attn_res_oracle's, the accuracy property's own)."""
+    """Every output row equals the mixture in which a set of 32-element segments of the prefix source (any set up
+    to EVERY_SUBSET segments, else the one `_searched_sets` finds) are bf16(bf16(p + d) + d) (the prefix read back
+    after the kernel's own store), within the call's budget (harness/judges.attn_res_oracle's, the accuracy
+    property's own)."""
     from k3num.harness import judges
 
     if not calls:
@@ -198,18 +262,17 @@ def delta_applied_twice(calls: list[Call]) -> str:
         bank = blocks.clone()
         if int(a["block_write_idx"]) >= 0:
             bank[:, int(a["block_write_idx"])] = p
-        best = torch.full((prefix.shape[0],), float("inf"), dtype=torch.float64, device=prefix.device)
-        budget = None
-        for segs in _segment_sets(prefix.shape[1]):
-            raced = p.clone()
-            for sgm in segs:
-                raced[:, sgm * SEGMENT:(sgm + 1) * SEGMENT] = twice[:, sgm * SEGMENT:(sgm + 1) * SEGMENT]
-            want, b = judges.attn_res_oracle(c.engine, raced, None, bank, a["norm_weight"], a["qk_weight"],
-                                             a["output_norm_weight"], int(a["num_blocks"]), -1, float(a["eps"]),
-                                             float(a["output_norm_eps"]))
-            budget = b if not segs else budget
-            best = torch.minimum(best, (c.out.double() - want).abs().amax(dim=-1))
-        assert budget is not None
+        _, budget = _mixture(c, a, p, bank)
+        if -(-prefix.shape[1] // SEGMENT) > EVERY_SUBSET:
+            best = (c.out.double() - _searched_sets(c, a, p, twice, bank, c.out)).abs().amax(dim=-1)
+        else:
+            best = torch.full((prefix.shape[0],), float("inf"), dtype=torch.float64, device=prefix.device)
+            for segs in _segment_sets(prefix.shape[1]):
+                raced = p.clone()
+                for sgm in segs:
+                    raced[:, sgm * SEGMENT:(sgm + 1) * SEGMENT] = twice[:, sgm * SEGMENT:(sgm + 1) * SEGMENT]
+                want, _ = _mixture(c, a, raced, bank)
+                best = torch.minimum(best, (c.out.double() - want).abs().amax(dim=-1))
         if not bool((best <= budget.value).all()):
             worst = int(torch.argmax(best).item())
             return (f"row {worst} of the output is {best[worst]:.3g} from every delta-twice variant (budget "
@@ -238,11 +301,18 @@ MODELS: dict[str, BugModel] = {
 }
 
 
+TRUNCATED = "(calls past the recorder's limit)"  # harness/ledger_run.record_calls's mark: outputs not kept
+
+
 def explains(entry_id: str, calls: list[Call]) -> str:
     """'' where the entry's model explains these calls (or the entry has no model: its region decides), else
-    why not, naming the entry."""
+    why not, naming the entry. Where the recorder dropped calls (TRUNCATED), not explained: the model never
+    saw every output."""
     model = MODELS.get(entry_id)
     if model is None:
         return ""
+    if any(c.subject == TRUNCATED for c in calls):
+        return (f"not {entry_id}'s bug as far as can be told: more than {len(calls) - 1} calls with distinct "
+                "inputs or outputs, and the model judges only the ones recorded (harness/ledger_run.DISTINCT)")
     why = model.explains([c for c in calls if c.subject in model.subjects])
     return f"not {entry_id}'s bug ({model.what}): {why}" if why else ""

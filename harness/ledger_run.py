@@ -141,13 +141,31 @@ def _cloned(x: Any) -> Any:
     return x
 
 
-LIMIT = 64  # calls kept per example (the repeat properties make 152 of one call; the first ones say it)
+LIMIT = 64  # calls kept whatever their output (the repeat properties make 152 of one call)
+DISTINCT = 256  # beyond LIMIT, calls kept while their output is new; past this many the model cannot judge
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Bitwise equality of two recorded values (tensors, tuples of them, plain values)."""
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and bool(torch.equal(a, b)))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
 
 
 def record_calls(engine: Any, subjects: tuple[str, ...], into: list) -> Any:
     """`engine` with each subject of `subjects` appending a ledger_models.Call to `into`: its inputs cloned
-    before the call (a kernel may rewrite them in place) and its output (at most LIMIT calls)."""
-    from k3num.harness.ledger_models import Call
+    before the call (a kernel may rewrite them in place) and its output. The first LIMIT calls are kept; after
+    them a call is kept only where its inputs or its output differ from every kept call's (a race's new
+    output, 152 calls into a repeat property), up to DISTINCT calls; past that a truncation mark
+    (ledger_models.TRUNCATED) is kept, so no model calls an output it never saw explained."""
+    from k3num.harness.ledger_models import TRUNCATED, Call
 
     watched = {name: fn for name, fn in getattr(engine, "subjects", {}).items() if name in subjects}
     if not watched:
@@ -156,11 +174,22 @@ def record_calls(engine: Any, subjects: tuple[str, ...], into: list) -> Any:
     def recorder(name: str, fn: Any) -> Any:
         @functools.wraps(fn)
         def call(*args, **kwargs):
-            keep = len(into) < LIMIT
-            before = (_cloned(args), _cloned(kwargs)) if keep else None
+            before = (_cloned(args), _cloned(kwargs))
             out = fn(*args, **kwargs)
-            if before is not None:
+            if len(into) < LIMIT:
                 into.append(Call(name, before[0], before[1], _cloned(out), engine))
+                return out
+            twin = next((c for c in into if c.subject == name and _same(c.args, before[0])
+                         and _same(c.kwargs, before[1])), None)
+            if twin is not None and _same(twin.out, out):
+                return out  # a repeat of a kept call: nothing new to judge
+            if len(into) >= DISTINCT:
+                if not any(c.subject == TRUNCATED for c in into):
+                    into.append(Call(TRUNCATED, (name,), {}, None, engine))
+                return out
+            args_kept = twin.args if twin is not None else before[0]  # the same inputs are kept once
+            kwargs_kept = twin.kwargs if twin is not None else before[1]
+            into.append(Call(name, args_kept, kwargs_kept, _cloned(out), engine))
             return out
 
         return call

@@ -15,6 +15,11 @@
 #   `k3num impact`, `k3num impact --ledger` and `k3num impact --geometry k3` (the nightly's K3 step) on cuda
 #   (OUT/tokens-*.log, OUT/impact*.md). K3NUM_TOKENS_PROFILE=1 adds the torch profiler's tables of sglang's DSpark
 #   step (OUT/tokens-profile.txt).
+#   `race7` checks K3N-007's bug model on the H200 at K3's hidden 7168 (the per-segment search beyond 8 segments):
+#   scripts/explain_attn_res_race.py on K3-shape cases (K3NUM_RACE7_CASES, ';'-separated), then the K3-shape repeat
+#   property on vllm-rocm at each pinned release (K3NUM_RACE7_PROFILE, default ci), then the small-shape accuracy
+#   property on vllm-rocm@0.34.0 under 4 xdist workers K3NUM_RACE7_REPEATS times (3): every failing case must be
+#   known. OUT/race7-*.log.
 #   `ledger` builds vLLM's ops (`k3num build-ops`, for K3N-014's FP8 insert) and runs `k3num impact --ledger` on cuda
 #   (K3NUM_LEDGER_CASES, default 10): every entry's case class through the draft step, the races K3N-004/005/007
 #   among them, which the CPU cannot run (OUT/impact-ledger-gpu.md and .csv, OUT/ledger.log).
@@ -91,8 +96,8 @@ out=${1:?usage: scripts/device_session.sh OUT [PARTS]}
 parts=",${2:-bench,race,k3,small},"
 want() { [[ "$parts" == *",$1,"* ]]; }
 for p in ${parts//,/ }; do
-    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts|oracle|profile|derand|nightly|known|ranks|tokens|ledger|release) ;;
-        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts, oracle, profile, derand, nightly, known, ranks, tokens, ledger, release)"
+    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts|oracle|profile|derand|nightly|known|ranks|tokens|ledger|release|race7) ;;
+        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts, oracle, profile, derand, nightly, known, ranks, tokens, ledger, release, race7)"
            exit 2;; esac
 done
 mkdir -p "$out"
@@ -112,7 +117,7 @@ small_engines=${K3NUM_SMALL_ENGINES:-vllm vllm-rocm sglang tokenspeed}
 for e in vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
-release=0 ledger=0 tokens=0 ranks=0 known=0 bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0 nightly=0
+race7=0 release=0 ledger=0 tokens=0 ranks=0 known=0 bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0 nightly=0
 if want tokens; then
     echo "== the draft step at K3 geometry, the token properties and k3num impact on cuda"
     timeout -s INT "${K3NUM_TOKENS_BENCH_TIMEOUT:-200}" python bench/draft_step_speed.py --geometry k3 \
@@ -157,6 +162,29 @@ if want release; then
         || release=1
     echo "ledger reproducers exit $release in $((SECONDS - t0)) s" | tee -a "$out/release.log"
     tail -n 25 "$out/release-k3.log" "$out/release-small.log" "$out/release-repro.log"
+fi
+if want race7; then
+    echo "== K3N-007's model at K3 shapes: the explanation of each raced output, the repeat property, the accuracy one"
+    t0=$SECONDS
+    IFS=';' read -ra cases <<< "${K3NUM_RACE7_CASES:-tokens=6,hidden=7168,bank=9,num_blocks=4,block_write_idx=4,seed=1,scale=1.0;tokens=6,hidden=7168,bank=9,num_blocks=4,seed=2,scale=1.0;tokens=33,hidden=7168,bank=9,num_blocks=8,block_write_idx=8,seed=3,scale=1.0}"
+    for c in "${cases[@]}"; do
+        timeout -s INT 120 python scripts/explain_attn_res_race.py --calls 152 --case "$c" 2>&1 | tail -n 80 \
+            >> "$out/race7-explain.log" || race7=1
+    done
+    grep -E "^vllm|distinct|^model" "$out/race7-explain.log"
+    for rel in 0.33.0 0.34.0; do
+        timeout -s INT 200 python -m pytest properties/test_k3_shapes.py -k "repeated_calls and rocm" \
+            --engine "vllm-rocm@$rel" -n 4 --dist worksteal -p no:cacheprovider -q -rfEx --device cuda \
+            --hypothesis-profile="${K3NUM_RACE7_PROFILE:-ci}" > "$out/race7-k3det-$rel.log" 2>&1 || race7=1
+        tail -n 4 "$out/race7-k3det-$rel.log"
+    done
+    for i in $(seq "${K3NUM_RACE7_REPEATS:-3}"); do
+        timeout -s INT 120 python -m pytest properties/test_attn_res.py -k "within_rounding_budget and rocm" \
+            --engine vllm-rocm@0.34.0 -n 4 -p no:cacheprovider -q -rfEx --device cuda --hypothesis-profile=ci \
+            > "$out/race7-accuracy-$i.log" 2>&1 || race7=1
+        tail -n 3 "$out/race7-accuracy-$i.log"
+    done
+    echo "race7: exit $race7 in $((SECONDS - t0)) s" | tee -a "$out/race7-explain.log"
 fi
 if want ledger; then
     echo "== every ledger entry's case class through the draft step on cuda (vLLM's ops built for K3N-014)"
@@ -489,5 +517,5 @@ if [ -n "$k3_pid" ]; then wait "$k3_pid"; k3=$?; cat "$out/k3.log"; fi
 if [ -n "$small_pid" ]; then wait "$small_pid"; small=$?; cat "$out/small.log"; fi
 dirs=(); for d in k3 small; do [ -d "$out/$d" ] && dirs+=("$d"); done
 [ ${#dirs[@]} -gt 0 ] && tar czf "$out/properties.tgz" -C "$out" "${dirs[@]}"
-echo "device_session: release exit $release, ledger exit $ledger, tokens exit $tokens, ranks exit $ranks, known exit $known, nightly exit $nightly, oracle exit $oracle, profile exit $profile, derand exit $derand, ts exit $ts, checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
-[ "$release" -eq 0 ] && [ "$ledger" -eq 0 ] && [ "$tokens" -eq 0 ] && [ "$ranks" -eq 0 ] && [ "$known" -eq 0 ] && [ "$nightly" -eq 0 ] && [ "$oracle" -eq 0 ] && [ "$profile" -eq 0 ] && [ "$derand" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]
+echo "device_session: race7 exit $race7, release exit $release, ledger exit $ledger, tokens exit $tokens, ranks exit $ranks, known exit $known, nightly exit $nightly, oracle exit $oracle, profile exit $profile, derand exit $derand, ts exit $ts, checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
+[ "$race7" -eq 0 ] && [ "$release" -eq 0 ] && [ "$ledger" -eq 0 ] && [ "$tokens" -eq 0 ] && [ "$ranks" -eq 0 ] && [ "$known" -eq 0 ] && [ "$nightly" -eq 0 ] && [ "$oracle" -eq 0 ] && [ "$profile" -eq 0 ] && [ "$derand" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]

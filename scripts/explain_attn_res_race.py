@@ -1,10 +1,12 @@
 """Does K3N-007's bug model explain every output of one attn_res case, called as the in-place property calls it
 (fresh inputs each call, under the repeat properties' poisoned allocations)? For each distinct output of
---calls calls: the model's verdict (harness/ledger_models.delta_applied_twice: one or two 32-element prefix
-segments with the delta applied twice) and whether the raw kernel on the raced prefix gives it bit for bit.
+--calls calls: the model's verdict (harness/ledger_models.delta_applied_twice: a set of 32-element prefix
+segments with the delta applied twice) and, up to 8 segments (hidden 256), which set of them the raw kernel
+on the raced prefix gives bit for bit.
 
 Usage (CUDA machine): python scripts/explain_attn_res_race.py [--engine vllm-rocm] [--calls 152]
-    [--case "tokens=1,hidden=128,bank=8,num_blocks=7,seed=355,scale=1.0"] [--poison/--no-poison]
+    [--case "tokens=1,hidden=128,bank=8,num_blocks=7,seed=355,scale=1.0"] [--no-poison]
+    (K3 shapes: --case "tokens=6,hidden=7168,bank=9,num_blocks=4,block_write_idx=4,seed=1,scale=1.0")
 """
 
 from __future__ import annotations
@@ -52,7 +54,6 @@ def main() -> None:
     watched = ledger_run.record_calls(engine, (base.ATTN_RES,), calls)
     fn = watched.subjects[base.ATTN_RES]
     outs: dict[bytes, int] = {}
-    first: dict[bytes, object] = {}
     for i in range(args.calls):
         inp = attn_res_inputs(case, torch.bfloat16, args.device)
         ctx = hunt.poisoned_allocations() if not args.no_poison else torch.no_grad()
@@ -61,28 +62,37 @@ def main() -> None:
                      case.block_write_idx, EPS, OUT_EPS)
         key = out.detach().cpu().view(torch.int16).numpy().tobytes()
         outs[key] = outs.get(key, 0) + 1
-        if key not in first and i < ledger_run.LIMIT:
-            first[key] = calls[i]
     inp = attn_res_inputs(case, torch.bfloat16, args.device)
     once = round_storage(engine, inp.prefix.float() + inp.delta.float())
     twice = round_storage(engine, once.float() + inp.delta.float())
+    bank = inp.blocks.clone()
+    if case.block_write_idx >= 0:
+        bank[:, case.block_write_idx] = once
     raw = engine.subject(base.ATTN_RES)
     bits = {}
-    for k in range(case.hidden // 32 + 1):
-        for combo in itertools.combinations(range(case.hidden // 32), k):
-            pre = once.clone()
-            for s in combo:
-                pre[:, 32 * s: 32 * (s + 1)] = twice[:, 32 * s: 32 * (s + 1)]
-            o = raw(pre, None, inp.blocks.clone(), inp.norm, inp.qk, inp.out_norm, case.num_blocks, -1, EPS, OUT_EPS)
-            bits.setdefault(o.detach().cpu().view(torch.int16).numpy().tobytes(), combo)
-    print(f"{len(outs)} distinct outputs of {args.calls} calls")
-    for key, n in sorted(outs.items(), key=lambda kv: -kv[1]):
-        c = first.get(key)
-        verdict = ledger_models.delta_applied_twice([c]) if c is not None else "(not recorded: past LIMIT)"
+    n = -(-case.hidden // 32)
+    if n <= ledger_models.EVERY_SUBSET:  # every raced set, bitwise through the raw kernel
+        for k in range(n + 1):
+            for combo in itertools.combinations(range(n), k):
+                pre = once.clone()
+                for s in combo:
+                    pre[:, 32 * s: 32 * (s + 1)] = twice[:, 32 * s: 32 * (s + 1)]
+                o = raw(pre, None, bank.clone(), inp.norm, inp.qk, inp.out_norm, case.num_blocks, -1, EPS, OUT_EPS)
+                bits.setdefault(o.detach().cpu().view(torch.int16).numpy().tobytes(), combo)
+    print(f"{len(outs)} distinct outputs of {args.calls} calls; {len(calls)} recorded"
+          f"{' (truncated)' if any(c.subject == ledger_models.TRUNCATED for c in calls) else ''}")
+    refused = 0
+    for key, count in sorted(outs.items(), key=lambda kv: -kv[1]):
+        c = next((c for c in calls if c.subject == base.ATTN_RES
+                  and c.out.detach().cpu().view(torch.int16).numpy().tobytes() == key), None)
+        verdict = ledger_models.delta_applied_twice([c]) if c is not None else "(not recorded)"
+        refused += bool(verdict)
         same_in = c is not None and all(
             torch.equal(a, b) for a, b in zip(c.args[:3], (inp.prefix, inp.delta, inp.blocks)))
-        print(f"  {n:>4} calls: raced segments {bits.get(key, 'none of the subsets')}; model: "
-              f"{verdict or 'explained'}; recorded inputs equal the drawn ones: {same_in}")
+        raced = bits.get(key, "none of the subsets") if bits else "(not enumerated past 8 segments)"
+        print(f"  {count:>4} calls: raced segments {raced}; model: {verdict or 'explained'}; recorded inputs "
+              f"equal the drawn ones: {same_in}")
+    print(f"model: {len(outs) - refused} of {len(outs)} distinct outputs explained")
 
 
 if __name__ == "__main__":

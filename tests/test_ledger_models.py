@@ -183,16 +183,19 @@ def _rocm_call(engine, hidden: int, seed: int, out_edit=None) -> ledger_models.C
     return dataclasses.replace(c, out=out_edit(c) if out_edit else c.out)
 
 
-def _raced(c: ledger_models.Call, *segments: int) -> torch.Tensor:
-    """What K3N-007's race returns: the call's own oracle with these prefix segments given the delta twice."""
+def _raced(c: ledger_models.Call, *segments: int, per_row: dict[int, tuple[int, ...]] | None = None) -> torch.Tensor:
+    """What K3N-007's race returns: the call's own oracle with these prefix segments given the delta twice
+    (in every row, or in row r the segments per_row[r])."""
     from k3num.harness import judges
 
     a = ledger_models._attn_res_args(c)
     p = judges.round_storage(c.engine, a["prefix"].float() + a["delta"].float())
     twice = judges.round_storage(c.engine, p.float() + a["delta"].float())
-    for segment in segments:
-        sl = slice(segment * ledger_models.SEGMENT, (segment + 1) * ledger_models.SEGMENT)
-        p[:, sl] = twice[:, sl]
+    rows = per_row or {r: segments for r in range(p.shape[0])}
+    for r, segs in rows.items():
+        for segment in segs:
+            sl = slice(segment * ledger_models.SEGMENT, (segment + 1) * ledger_models.SEGMENT)
+            p[r, sl] = twice[r, sl]
     want, _ = judges.attn_res_oracle(c.engine, p, None, a["blocks"], a["norm_weight"], a["qk_weight"],
                                      a["output_norm_weight"], 4, -1)
     return want.to(torch.bfloat16)
@@ -214,3 +217,57 @@ def test_k3n_007s_model_explains_the_kernel_and_its_race_and_rejects_a_padded_wi
         tree = fixes.patched_tree(fixes.by_id("rocm-score-norm-block-d"), tmp_path / "v")
         planted = registry.get("vllm-rocm", {"vllm": tree}, "source")
         assert "from every delta-twice variant" in ledger_models.delta_applied_twice([_rocm_call(planted, hidden, 3)])
+
+
+@pytest.mark.parametrize("hidden", [1024, 896])
+def test_k3n_007s_model_finds_any_raced_set_beyond_the_exhaustive_width(hidden: int, tmp_path):
+    """Beyond EVERY_SUBSET segments (K3's hidden 7168 has 224) the model searches for the raced set instead of
+    trying every one: five segments raced in every row, and a different set in each row, are explained; a 2%
+    scale and the planted score norm over BLOCK_D are not (GPU run 81: at hidden 7168 the old model took at
+    most one segment, and a raced output it refused failed the repeat property as new)."""
+    engine = _engine("vllm-rocm")
+    assert -(-hidden // ledger_models.SEGMENT) > ledger_models.EVERY_SUBSET
+    assert ledger_models.delta_applied_twice([_rocm_call(engine, hidden, 5)]) == ""
+    five = _rocm_call(engine, hidden, 5, lambda c: _raced(c, 0, 5, 6, 17, hidden // 32 - 1))
+    assert ledger_models.delta_applied_twice([five]) == ""
+    rows = _rocm_call(engine, hidden, 5, lambda c: _raced(c, per_row={0: (3,), 1: (), 2: (1, 2, 20, 21, 22, 23)}))
+    assert ledger_models.delta_applied_twice([rows]) == ""
+    scaled = _rocm_call(engine, hidden, 5, lambda c: (_raced(c, 4, 9).float() * 1.02).to(torch.bfloat16))
+    assert "from every delta-twice variant" in ledger_models.delta_applied_twice([scaled])
+    if hidden & (hidden - 1):
+        tree = fixes.patched_tree(fixes.by_id("rocm-score-norm-block-d"), tmp_path / "v")
+        planted = registry.get("vllm-rocm", {"vllm": tree}, "source")
+        assert "from every delta-twice variant" in ledger_models.delta_applied_twice([_rocm_call(planted, hidden, 5)])
+
+
+def test_the_recorder_keeps_every_new_output_past_its_limit_and_marks_what_it_dropped():
+    """A race's new output on call 100 of a repeat property is recorded (the first LIMIT calls alone let it pass
+    unjudged), repeats are not, and past DISTINCT distinct calls the mark makes every model refuse: an output
+    no model saw is never called explained."""
+    from k3num.harness import ledger_run
+
+    @dataclasses.dataclass(frozen=True)
+    class Engine:
+        subjects: dict
+
+    x = torch.zeros(4)
+    outs = {100: torch.ones(4)}
+    n = {"i": 0}
+
+    def subject(t):
+        n["i"] += 1
+        return outs.get(n["i"], t + 0)
+
+    engine = Engine({base.AUX_CAPTURE: subject})
+    recorded: list[ledger_models.Call] = []
+    fn = ledger_run.record_calls(engine, (base.AUX_CAPTURE,), recorded).subjects[base.AUX_CAPTURE]
+    for _ in range(152):
+        fn(x)
+    assert len(recorded) == ledger_run.LIMIT + 1
+    assert torch.equal(recorded[-1].out, torch.ones(4)) and recorded[-1].args is recorded[0].args
+    many: list[ledger_models.Call] = []
+    fn = ledger_run.record_calls(engine, (base.AUX_CAPTURE,), many).subjects[base.AUX_CAPTURE]
+    for i in range(ledger_run.DISTINCT + 10):
+        fn(torch.full((4,), float(i)))
+    assert len(many) == ledger_run.DISTINCT + 1 and many[-1].subject == ledger_models.TRUNCATED
+    assert "judges only the ones recorded" in ledger_models.explains("K3N-001", many)

@@ -17,7 +17,8 @@
 #   step (OUT/tokens-profile.txt).
 #   `race7` checks K3N-007's bug model on the H200 at K3's hidden 7168 (the per-segment search beyond 8 segments):
 #   scripts/explain_attn_res_race.py on K3-shape cases (K3NUM_RACE7_CASES, ';'-separated), then the K3-shape repeat
-#   property on vllm-rocm at each pinned release (K3NUM_RACE7_PROFILE, default ci), then the small-shape accuracy
+#   property on vllm-rocm at each pinned release (K3NUM_RACE7_PROFILE, default ci) and the in-place prefix property
+#   (K3N-007's own, small shapes, 152 calls per case) K3NUM_RACE7_REPEATS times, then the small-shape accuracy
 #   property on vllm-rocm@0.34.0 under 4 xdist workers K3NUM_RACE7_REPEATS times (3): every failing case must be
 #   known. OUT/race7-*.log.
 #   `ledger` builds vLLM's ops (`k3num build-ops`, for K3N-014's FP8 insert) and runs `k3num impact --ledger` on cuda
@@ -177,6 +178,12 @@ if want race7; then
             --engine "vllm-rocm@$rel" -n 4 --dist worksteal -p no:cacheprovider -q -rfEx --device cuda \
             --hypothesis-profile="${K3NUM_RACE7_PROFILE:-ci}" > "$out/race7-k3det-$rel.log" 2>&1 || race7=1
         tail -n 4 "$out/race7-k3det-$rel.log"
+        for i in $(seq "${K3NUM_RACE7_REPEATS:-3}"); do
+            timeout -s INT 150 python -m pytest properties/test_determinism.py -k "in_place_prefix and rocm" \
+                --engine "vllm-rocm@$rel" -n 4 -p no:cacheprovider -q -rfEx --device cuda --hypothesis-profile=ci \
+                > "$out/race7-inplace-$rel-$i.log" 2>&1 || race7=1
+            tail -n 2 "$out/race7-inplace-$rel-$i.log"
+        done
     done
     for i in $(seq "${K3NUM_RACE7_REPEATS:-3}"); do
         timeout -s INT 120 python -m pytest properties/test_attn_res.py -k "within_rounding_budget and rocm" \

@@ -19,6 +19,24 @@ from k3num.oracles.drift import COLLECTOR
 
 # the entry id of each failing case inside its rule, in the test running now (scoped by `counting`)
 _KNOWN: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("k3num_known_cases", default=None)
+# the failing cases inside a race entry's region its model does not explain, in the test running now: the test
+# fails with them when hypothesis is done (raised at once, a replay the race spares makes hypothesis's
+# FlakyFailure, which hides the model's verdict; GPU run 81)
+_DEFERRED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("k3num_deferred", default=None)
+
+
+def _defer(inside: list[str], message: str) -> bool:
+    """Keep `message` as the test's failure, to be raised after hypothesis ends, where every entry in `inside`
+    is a race and a scope is open; False (raise it now) otherwise."""
+    deferred = _DEFERRED.get()
+    if deferred is None or not inside or not all(getattr(ledger.by_id(eid), "race", False) for eid in inside):
+        return False
+    deferred.append(message)
+    return True
+
+
+def _drawn_repr(drawn: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in drawn.items())[:400]
 
 
 @contextlib.contextmanager
@@ -67,8 +85,12 @@ def ledgered(inner):
             unexplained = {eid: ledger_models.explains(eid, recorded) for eid in inside}
             covering = [eid for eid in inside if not unexplained[eid]]
             if not covering:
-                e.add_note("; ".join(unexplained.values()) + ": inside the region of the ledger, but not its bug: "
-                           "a new failure (harness/ledger_models.py)")
+                note = ("; ".join(unexplained.values()) + ": inside the region of the ledger, but not its bug: "
+                        "a new failure (harness/ledger_models.py)")
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                if _defer(inside, f"{_drawn_repr(drawn)}: {first[:200]}; {note}"):
+                    return None
+                e.add_note(note)
                 raise
             known = _KNOWN.get()
             if known is None:
@@ -117,6 +139,7 @@ def modelled(inner):
             why = [w for w in (ledger_models.explains(eid, recorded) for eid in inside) if w]
             if inside and len(why) == len(inside):
                 first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                # raised at once: the check's pairing catches each side's failure itself, per example
                 raise AssertionError(f"{UNEXPLAINED} {type(e).__name__}: {first[:200]}; {'; '.join(why)}") from e
             raise
 
@@ -179,10 +202,10 @@ def record_calls(engine: Any, subjects: tuple[str, ...], into: list) -> Any:
             if len(into) < LIMIT:
                 into.append(Call(name, before[0], before[1], _cloned(out), engine))
                 return out
-            twin = next((c for c in into if c.subject == name and _same(c.args, before[0])
-                         and _same(c.kwargs, before[1])), None)
-            if twin is not None and _same(twin.out, out):
+            twins = [c for c in into if c.subject == name and _same(c.args, before[0]) and _same(c.kwargs, before[1])]
+            if any(_same(c.out, out) for c in twins):
                 return out  # a repeat of a kept call: nothing new to judge
+            twin = twins[0] if twins else None
             if len(into) >= DISTINCT:
                 if not any(c.subject == TRUNCATED for c in into):
                     into.append(Call(TRUNCATED, (name,), {}, None, engine))
@@ -222,9 +245,20 @@ def _recording(engine: Any, calls: dict[str, Any]) -> Any:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
     """A ledger-covered test whose only failures were cases inside its entry's rule: xfailed, naming the
-    entry and the count (the run's account counts it known, as a strict xfail was)."""
-    with counting() as known:
-        result = yield
+    entry and the count (the run's account counts it known, as a strict xfail was). A test with a deferred
+    failure (a race entry's region, not its bug) fails, naming the model's verdict, whatever else it saw."""
+    deferred: list[str] = []
+    token = _DEFERRED.set(deferred)
+    try:
+        with counting() as known:
+            result = yield
+    finally:
+        _DEFERRED.reset(token)
+    if deferred:
+        head = deferred[0] if deferred[0].startswith(UNEXPLAINED) else f"{UNEXPLAINED} {deferred[0]}"
+        pytest.fail(f"{head}\n" + "\n".join(f"  also: {d}" for d in deferred[1:5])
+                    + f"\n{len(deferred)} failing case(s) inside a race entry's region that its bug model does not "
+                    "explain: new (raised after hypothesis ended, as a race may spare the replay)", pytrace=False)
     if known:
         from k3num.harness import ledger_cases
 

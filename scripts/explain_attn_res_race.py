@@ -92,7 +92,53 @@ def main() -> None:
         raced = bits.get(key, "none of the subsets") if bits else "(not enumerated past 8 segments)"
         print(f"  {count:>4} calls: raced segments {raced}; model: {verdict or 'explained'}; recorded inputs "
               f"equal the drawn ones: {same_in}")
+        if verdict and c is not None and n <= 4:
+            _split(c, once, twice, bank, inp, case)
+        if verdict and c is not None:  # the same model at a finer race granularity
+            for seg in (16, 8, 4, 1):
+                saved, ledger_models.SEGMENT = ledger_models.SEGMENT, seg
+                try:
+                    fine = ledger_models.delta_applied_twice([c])
+                finally:
+                    ledger_models.SEGMENT = saved
+                print(f"      with {seg}-element segments: {fine or 'explained'}")
     print(f"model: {len(outs) - refused} of {len(outs)} distinct outputs explained")
+
+
+def _split(c, once, twice, bank, inp, case) -> None:
+    """For an output the model refuses: per row, the best pair (score set, value set) of raced segments, the
+    prefix's score (its rms and logit) read with one set and its mixed value with another, in float64."""
+    import itertools
+
+    def variant(segs):
+        pre = once.double().clone()
+        for s in segs:
+            pre[:, 32 * s: 32 * (s + 1)] = twice.double()[:, 32 * s: 32 * (s + 1)]
+        return pre
+
+    nb = case.num_blocks
+    w = inp.norm.double() * inp.qk.double()
+    n = -(-case.hidden // 32)
+    sets = [k for r in range(n + 1) for k in itertools.combinations(range(n), r)]
+    out = c.out.double()
+    best = [(float("inf"), None)] * out.shape[0]
+    for s1 in sets:
+        sc = torch.cat([bank[:, :nb].double(), variant(s1)[:, None]], dim=1)  # [T, nb+1, H]
+        rstd = torch.rsqrt(sc.square().mean(-1) + EPS_)
+        wts = torch.softmax((sc * w).sum(-1) * rstd, dim=-1)  # [T, nb+1]
+        for s2 in sets:
+            vals = torch.cat([bank[:, :nb].double(), variant(s2)[:, None]], dim=1)
+            mixed = (wts[..., None] * vals).sum(1)
+            o = mixed * torch.rsqrt(mixed.square().mean(-1, keepdim=True) + OUT_EPS_) * inp.out_norm.double()
+            err = (o - out).abs().amax(-1)
+            for r in range(out.shape[0]):
+                if float(err[r]) < best[r][0]:
+                    best[r] = (float(err[r]), (s1, s2))
+    for r, (e, sets_) in enumerate(best):
+        print(f"      row {r}: best (score set, value set) {sets_} at {e:.3g}")
+
+
+EPS_, OUT_EPS_ = 1e-5, 1e-6  # harness/judges.py EPS, OUT_EPS
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -92,7 +93,8 @@ def summarize(df: pd.DataFrame, keys: Sequence[str] = ("engine", "subject")) -> 
     and failures filed in the known-divergence ledger (counted apart); with the worst group's
     property when `keys` does not hold it. `worst_ratio` and `worst_property` are over the records no ledger
     entry files (a known divergence is out of budget by what it is: issue 41 saw vllm-rocm's aux tap at 1.19e+03
-    next to 0 failures); `worst_known_ratio` is the ledger-filed records' (NaN where there are none)."""
+    next to 0 failures); `worst_known_ratio` is the ledger-filed records' (NaN where there are none);
+    `median_roundings` the median rounding count (oracles/metrics.roundings_of) of the records no entry files."""
     if df.empty:
         return df
     judged = df[~df["verdict"].isin(UNJUDGED)]
@@ -102,10 +104,13 @@ def summarize(df: pd.DataFrame, keys: Sequence[str] = ("engine", "subject")) -> 
     known = judged["ledger"].fillna("") != ""
     judged = judged.assign(_fail=(judged["verdict"] == FAIL) & ~known, _known=(judged["verdict"] == FAIL) & known,
                            _plain=judged["ratio"].where(~known), _filed=judged["ratio"].where(known))
-    g = judged.groupby(keys, sort=True)
-    out = g.agg(records=("ratio", "size"), worst_ratio=("_plain", "max"), median_rel_fro=("rel_fro", "median"),
-                failures=("_fail", "sum"), known_divergences=("_known", "sum"),
-                worst_known_ratio=("_filed", "max")).reset_index()
+    if "roundings" not in judged:
+        judged = judged.assign(roundings=math.nan)
+    judged = judged.assign(_rounds=pd.to_numeric(judged["roundings"], errors="coerce").where(~known))
+    out = judged.groupby(keys, sort=True).agg(
+        records=("ratio", "size"), worst_ratio=("_plain", "max"), median_rel_fro=("rel_fro", "median"),
+        median_roundings=("_rounds", "median"), failures=("_fail", "sum"), known_divergences=("_known", "sum"),
+        worst_known_ratio=("_filed", "max")).reset_index()
     if "property" in keys:
         return out
     plain = judged[~known]

@@ -105,6 +105,10 @@ def summarize_run(df: pd.DataFrame, meta: dict) -> dict:
         # at its first failure (a strict xfail), so their count and ratios say nothing about drift
         plain = g[~known] if (~known).any() else g
         ratios = plain["ratio"].to_numpy(dtype=np.float64)
+        # the rounding count (oracles/metrics.roundings_of) where the CSV has it (older CSVs do not)
+        rounds = (pd.to_numeric(plain["roundings"], errors="coerce").to_numpy(dtype=np.float64)
+                  if "roundings" in plain else np.array([]))
+        rounds = rounds[np.isfinite(rounds)]
         rep = g[g["calls"] > 0]
         groups.append({
             **row,
@@ -118,6 +122,8 @@ def summarize_run(df: pd.DataFrame, meta: dict) -> dict:
             "exact": bool((g["budget"] == 0).all()),
             "worst_ratio": float(min(np.nanmax(np.nan_to_num(ratios, nan=RATIO_CAP)), RATIO_CAP)),
             "q": quantiles(ratios),
+            "rq": quantiles(rounds) if len(rounds) else [],
+            "median_roundings": float(np.median(rounds)) if len(rounds) else None,  # JSON: no NaN
             "repeat_records": int(len(rep)),
             "nondeterministic": int((rep["distinct"] > 1).sum()),
             "max_distinct": int(rep["distinct"].max()) if len(rep) else 0,
@@ -409,29 +415,48 @@ def gate(runs: Sequence[dict], new: dict, *, z: float = Z_ALARM, min_effect: flo
             rows.append({**row, "verdict": "no history",
                          "note": f"no earlier run of this group under profile {prof!r} on {dev!r}"})
             continue
-        a = shift(g["q"], [p["q"] for p in past])
-        s_samp = sampling_sd(g["records"], sum(p["records"] for p in past))
-        loo, loo_samp = [], []
-        by_src: dict[str, list[dict]] = {}
-        for p in past:
-            by_src.setdefault(_source(p), []).append(p)
-        for same in by_src.values():
-            if len(same) < 2:
-                continue
-            for i, p in enumerate(same):
-                others = [o for j, o in enumerate(same) if j != i]
-                loo.append(shift(p["q"], [o["q"] for o in others]))
-                loo_samp.append(sampling_sd(p["records"], sum(o["records"] for o in others)))
-        # the run-to-run variance beyond what sampling alone explains in those same-source comparisons
-        s_runs = math.sqrt(max(0.0, float(np.mean(np.square(loo)) - np.mean(np.square(loo_samp))))) if loo else 0.0
-        thr = max(z * math.sqrt(s_samp**2 + s_runs**2), min_effect)
-        note = (f"run-to-run noise from {len(loo)} earlier runs sharing a source" if loo
+        a, s_samp, s_runs, thr, loo = _shifted(g, past, "q", z, min_effect)
+        note = (f"run-to-run noise from {loo} earlier runs sharing a source" if loo
                 else "noise: sampling alone (no two earlier runs share an engine source)")
-        rows.append({**row, "shift": a, "sigma_samp": s_samp, "sigma_runs": s_runs, "threshold": thr,
-                     "verdict": "alarm" if a > thr else "ok", "note": note})
+        out = {**row, "shift": a, "sigma_samp": s_samp, "sigma_runs": s_runs, "threshold": thr,
+               "verdict": "alarm" if a > thr else "ok", "note": note}
+        # the rounding count's distribution, judged the same way: one more storage rounding per output moves
+        # it by about one where a worst-case budget's ratio hides it in its margin
+        with_rq = [p for p in past if p.get("rq")]
+        if g.get("rq") and with_rq:
+            ra, _, _, rthr, _ = _shifted(g, with_rq, "rq", z, min_effect)
+            out.update(rounding_shift=ra, rounding_threshold=rthr)
+            if ra > rthr:
+                old_med = float(np.median([p.get("median_roundings") or math.nan for p in with_rq]))
+                out.update(verdict="alarm", note=f"{note}; the rounding count grew: median "
+                           f"{g.get('median_roundings') or math.nan:.3g} against {old_med:.3g}")
+        rows.append(out)
     rows += token_gate(new, z=z)
-    cols = [*GROUP, "records", "history", "shift", "sigma_samp", "sigma_runs", "threshold", "verdict", "note"]
+    cols = [*GROUP, "records", "history", "shift", "sigma_samp", "sigma_runs", "threshold", "rounding_shift",
+            "rounding_threshold", "verdict", "note"]
     return pd.DataFrame(rows).reindex(columns=cols)
+
+
+def _shifted(g: dict, past: Sequence[dict], key: str, z: float, min_effect: float
+             ) -> tuple[float, float, float, float, int]:
+    """(shift, sigma_samp, sigma_runs, threshold, same-source comparisons) of group `g`'s quantiles `key`
+    ("q" the ratios, "rq" the rounding counts) against the same group's `past` runs (derivation above)."""
+    a = shift(g[key], [p[key] for p in past])
+    s_samp = sampling_sd(g["records"], sum(p["records"] for p in past))
+    loo, loo_samp = [], []
+    by_src: dict[str, list[dict]] = {}
+    for p in past:
+        by_src.setdefault(_source(p), []).append(p)
+    for same in by_src.values():
+        if len(same) < 2:
+            continue
+        for i, p in enumerate(same):
+            others = [o for j, o in enumerate(same) if j != i]
+            loo.append(shift(p[key], [o[key] for o in others]))
+            loo_samp.append(sampling_sd(p["records"], sum(o["records"] for o in others)))
+    # the run-to-run variance beyond what sampling alone explains in those same-source comparisons
+    s_runs = math.sqrt(max(0.0, float(np.mean(np.square(loo)) - np.mean(np.square(loo_samp))))) if loo else 0.0
+    return a, s_samp, s_runs, max(z * math.sqrt(s_samp**2 + s_runs**2), min_effect), len(loo)
 
 
 AGREEMENT_EFFECT = 0.5  # positions per block: a smaller loss of agreement against the noise floor is not an alarm

@@ -21,7 +21,7 @@ class Metrics:
     cosine, nonfinite_mismatch (positions where finiteness or the non-finite
     value differs), worst: up to 5 multi-indices of the largest errors; over: the elements whose
     error exceeds the `over` threshold compare() was given, NaN/Inf disagreements included (0 when
-    none was given), of numel."""
+    none was given), of numel; roundings: the rounding count (`rounding_unit`)."""
 
     max_abs: float
     rel_fro: float
@@ -32,6 +32,7 @@ class Metrics:
     worst: tuple[tuple[int, ...], ...]
     over: int = 0
     numel: int = 0
+    roundings: float = math.nan  # roundings_of: storage roundings the output carries, estimated
 
     def as_dict(self) -> dict[str, object]:
         d = asdict(self)
@@ -45,6 +46,30 @@ def ulp_of(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     ax = x.abs().clamp(min=info.tiny)
     exp = torch.floor(torch.log2(ax))
     return torch.exp2(exp) * info.eps  # eps = 2^-(stored mantissa bits)
+
+
+ROUNDING_FLOOR = torch.bfloat16  # the storage rounding a count is in units of, unless the output's is coarser
+
+
+def rounding_unit(dtype: torch.dtype) -> torch.dtype:
+    """The dtype whose one rounding a rounding count counts: the output's own where it is coarser than bf16
+    (an fp8 cache), else bf16 (a float32 or float64 output carries the bf16 roundings of its inputs, which
+    are what a kernel adds or loses; counted in float32 units, one bf16 rounding would read 65,536^2)."""
+    if not dtype.is_floating_point:
+        return ROUNDING_FLOOR
+    return dtype if torch.finfo(dtype).eps > torch.finfo(ROUNDING_FLOOR).eps else ROUNDING_FLOOR
+
+
+def roundings_of(diff: torch.Tensor, ref: torch.Tensor, unit: torch.dtype) -> torch.Tensor:
+    """The rounding count (a float64 scalar tensor): the output's squared error against the oracle over the
+    expected squared error of one round-to-nearest of the oracle's value in `unit`, sum(d^2) /
+    sum(ulp(r)^2 / 12) (a rounding's error is uniform over one ulp, of variance ulp^2/12). It reads 1 for
+    an output rounded once from the exact value, about k + 1 for k more independent roundings of the same
+    magnitude, and 0 for an exact one; a rounding of a larger intermediate (cancelling terms) counts for
+    more than one. `diff` and `ref` are the finite elements' |a - r| and r, float64, same shape (a zero
+    reference element expects the subnormal floor's ulp, so a nonzero error there counts for a great many)."""
+    expected = (ulp_of(ref, unit).square() / 12.0).sum()
+    return diff.square().sum() / expected
 
 
 def compare(actual: torch.Tensor, reference: torch.Tensor, *, dtype: torch.dtype | None = None,
@@ -75,16 +100,18 @@ def compare(actual: torch.Tensor, reference: torch.Tensor, *, dtype: torch.dtype
         torch.linalg.vector_norm(rz), torch.linalg.vector_norm(diff), torch.linalg.vector_norm(az),
         (az * rz).sum(), ulp,
         ((diff > over) | (~both & ~same_nonfinite)).sum().to(torch.float64) if over is not None else zero,
+        roundings_of(diff, rz, rounding_unit(out_dtype)),
     ]), top.values, top.indices.to(torch.float64)]).tolist()  # the one host sync (indices < 2^53: exact)
-    mismatch, max_abs, ref_max, rnorm, dnorm, anorm, dot, max_ulp, n_over = scalars[:9]
-    values, indices = scalars[9:9 + k], scalars[9 + k:]
+    mismatch, max_abs, ref_max, rnorm, dnorm, anorm, dot, max_ulp, n_over, roundings = scalars[:10]
+    values, indices = scalars[10:10 + k], scalars[10 + k:]
     rel_fro = dnorm / rnorm if rnorm > 0 else (0.0 if dnorm == 0 else math.inf)
     cosine = dot / (anorm * rnorm) if anorm > 0 and rnorm > 0 else float(anorm == rnorm)
     worst: tuple[tuple[int, ...], ...] = ()
     if max_abs > 0:
         worst = tuple(tuple(int(i) for i in np.unravel_index(int(j), diff.shape))
                       for v, j in zip(values, indices) if v > 0)
-    return Metrics(max_abs, rel_fro, max_ulp, cosine, int(mismatch), ref_max, worst, int(n_over), diff.numel())
+    return Metrics(max_abs, rel_fro, max_ulp, cosine, int(mismatch), ref_max, worst, int(n_over), diff.numel(),
+                   roundings)
 
 
 def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor) -> str:

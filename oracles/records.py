@@ -75,6 +75,9 @@ class Record:
     # is one element and one that is every element read differently
     over_budget: int = 0
     numel: int = 0
+    # the storage roundings the output carries, estimated (oracles/metrics.roundings_of: its squared error over
+    # the expected squared error of one rounding of the oracle's value, in bf16 units or the output's coarser)
+    roundings: float = math.nan
     # the pytest node id of the test that made the record (set by the session collector): what reruns it
     node: str = ""
     extra: dict[str, object] = field(default_factory=dict)
@@ -139,6 +142,7 @@ def judge(
         detail=detail,
         over_budget=m.over,
         numel=m.numel,
+        roundings=m.roundings,
         extra={"actual": actual, "reference": reference} if _KEEP_TENSORS.get() else {},
     )
 

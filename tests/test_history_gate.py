@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,27 @@ def test_gate_is_quiet_on_a_history_of_one_distribution_and_fires_on_an_injected
     shifted = hist.gate(past, _run(_frame(np.minimum(draw(400) * 1.4, 0.99)), 6))  # every case passes
     assert list(shifted["verdict"]) == ["alarm"], shifted
     assert shifted["shift"].iloc[0] > shifted["threshold"].iloc[0]
+
+
+def test_gate_fires_when_the_rounding_count_grows_though_every_ratio_stays_where_it_was():
+    """One more storage rounding per output (the count from 1.2 to 2.2, as the planted accumulator rounding
+    reads) with the err/budget ratios drawn from the history's own distribution: the ratio shift is quiet,
+    the rounding count's fires and the note gives both medians; a run with the history's counts is ok."""
+    rng = np.random.default_rng(11)
+
+    def frame(extra: float) -> pd.DataFrame:
+        df = _frame(rng.beta(2, 5, 400))
+        df["roundings"] = rng.gamma(8.0, 1.2 / 8.0, 400) + extra
+        return df
+
+    past = [_run(frame(0.0), i) for i in range(6)]
+    same = hist.gate(past, _run(frame(0.0), 6))
+    assert list(same["verdict"]) == ["ok"], same
+    grown = hist.gate(past, _run(frame(1.0), 6))
+    assert list(grown["verdict"]) == ["alarm"], grown
+    assert grown["shift"].iloc[0] < grown["threshold"].iloc[0]
+    assert grown["rounding_shift"].iloc[0] > grown["rounding_threshold"].iloc[0]
+    assert re.search(r"the rounding count grew: median 2\.\d+ against 1\.\d+", grown["note"].iloc[0]), grown["note"]
 
 
 def test_gate_noise_grows_with_the_spread_between_runs_of_one_source():

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from k3num.oracles import budgets
+from k3num.oracles import budgets, metrics
 from k3num.oracles.budgets import Budget
 from k3num.oracles.drift import COLUMNS, DriftCollector
 from k3num.oracles.metrics import compare
@@ -112,3 +112,20 @@ def test_the_drift_table_keeps_known_divergences_apart_from_worst_ratio() -> Non
     assert t.loc["e", ["worst_ratio", "worst_known_ratio", "worst_property", "failures", "known_divergences"]
                  ].tolist() == [0.5, 1190.0, "p", 0, 1]
     assert pd.isna(t.loc["f", "worst_ratio"]) and t.loc["f", "worst_known_ratio"] == 90.0
+
+
+@pytest.mark.parametrize("extra", [0, 1, 2, 4])
+def test_the_rounding_count_reads_the_roundings_planted(extra: int) -> None:
+    """An output rounded once to bf16 from the exact value, then `extra` more times after adding a small
+    term each (what one more bf16 rounding per tap does), reads 1 + extra roundings within 5% (200,000
+    elements); the same values held in float32 are counted in bf16 roundings too, and an exact output reads 0."""
+    g = torch.Generator().manual_seed(7 + extra)
+    exact = torch.randn(200_000, dtype=torch.float64, generator=g)
+    terms = [0.05 * torch.randn(200_000, dtype=torch.float64, generator=g) for _ in range(extra)]
+    r = (exact - sum(terms, torch.zeros_like(exact))).to(torch.bfloat16)  # one rounding
+    for t in terms:
+        r = (r.double() + t).to(torch.bfloat16)  # one more per term
+    m = metrics.compare(r, exact)
+    assert abs(m.roundings - (1 + extra)) < 0.05 * (1 + extra), m.roundings
+    assert abs(metrics.compare(r.float(), exact).roundings - m.roundings) < 1e-9
+    assert metrics.compare(exact.clone(), exact).roundings == 0.0

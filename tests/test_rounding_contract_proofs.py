@@ -44,3 +44,41 @@ def test_a_contract_line_the_file_lacks_is_a_contract_error_naming_it(tmp_path: 
     assert len(missing) == 1 and missing[0].startswith(f"contract error: {rel}: expected a line matching"), missing
     r = _run(tree)
     assert r.returncode == 1 and "ContractError: contract error" in r.stdout, r.stdout[-3000:]
+
+
+@pytest.mark.parametrize("taps", [3, 5, 9])
+def test_the_rounding_count_reads_one_more_rounding_per_tap_on_the_planted_accumulator(taps: int,
+                                                                                      tmp_path: Path) -> None:
+    """The drift records' rounding count (oracles/metrics.roundings_of) on TokenSpeed's sharded projection, one
+    stage holding every tap, tap 0 dominant (the others scaled by 1/16, so every partial sum has the output's
+    magnitude): the planted running sum rounded per tap adds one rounding per tap after the first (the first
+    add is exact: 0 + a bf16 value) and makes the pre-norm rounding exact (its input is bf16 already), so it
+    reads taps - 2 roundings more than its control, within 20%."""
+    import torch
+
+    from k3num.engines import base, registry
+    from k3num.fixtures.builders import projection_inputs
+    from k3num.fixtures.strategies import ProjectionCase
+    from k3num.harness.judges import EPS
+    from k3num.oracles import metrics
+    from k3num.refmodel.rmsnorm import rms_norm
+
+    if not fetch.verified_manifest("tokenspeed"):
+        pytest.skip("tokenspeed is not fetched")
+    case = ProjectionCase(taps=taps, tokens=64, hidden=64, hidden_out=64, stages=(tuple(range(taps)),), order=(0,),
+                          seed=3, scale=1.0, outliers=0.0)
+    counts = {}
+    for fid in ("accumulator-bf16", "accumulator-control"):
+        engine = registry.get("tokenspeed", {"tokenspeed": fixes.patched_tree(fixes.by_id(fid), tmp_path / fid)},
+                              "source")
+        inp = projection_inputs(case, torch.bfloat16, "cpu")
+        t = inp.taps.clone()
+        t[1:] = (t[1:].float() / 16).to(torch.bfloat16)
+        partial = engine.subjects[base.STAGE_PARTIAL](t, inp.fc, list(range(taps)))
+        out = engine.subjects[base.FINALIZE_PROJECTION]([partial], inp.norm, EPS, torch.float32, [0])
+        h = case.hidden
+        exact = sum(t[i].double() @ inp.fc[:, i * h:(i + 1) * h].double().T for i in range(taps))
+        counts[fid] = metrics.compare(out, rms_norm(exact, inp.norm.double(), EPS)).roundings
+    extra = counts["accumulator-bf16"] - counts["accumulator-control"]
+    assert abs(extra - (taps - 2)) <= 0.2 * (taps - 2), counts
+    assert 2.0 < counts["accumulator-control"] < 4.0, counts  # the taps', the pre-norm and the output's roundings

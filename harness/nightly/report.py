@@ -155,8 +155,10 @@ def latest_summary(run: dict) -> pd.DataFrame:
     if g.empty:
         return g
     g["median_ratio"] = g["q"].map(lambda q: q[50])
+    if "median_roundings" not in g:
+        g["median_roundings"] = float("nan")  # a history file from before the rounding count
     return g[["engine", "subject", "property", "mode", "device", "records", "median_ratio", "worst_ratio",
-              "failures", "known_divergences", "nondeterministic"]]
+              "median_roundings", "failures", "known_divergences", "nondeterministic"]]
 
 
 # ---- plots --------------------------------------------------------------------------------------

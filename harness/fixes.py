@@ -199,6 +199,15 @@ def scale_mixture(text: str, path: str) -> str:
                        "mixed /= denominator * 1.01  # k3num mutant")
 
 
+def round_mixture_before_output_norm(text: str, path: str) -> str:
+    """Planted bug (one extra bf16 rounding, issue 38's own on another engine and path): vLLM's _attn_res_kernel
+    rounds the float32 mixture to bf16 before its output norm (as SGLang and TokenSpeed declare they do; vLLM's
+    code keeps it float32). Half an ulp of the mixture, where the accuracy budget allows several."""
+    return _replace_in(text, path, "_attn_res_kernel", r"^\s*output = mixed\s*$", "output = mixed",
+                       "mixed = mixed.to(prefix_ptr.dtype.element_ty).to(tl.float32)  # k3num planted\n"
+                       "    output = mixed")
+
+
 def split_context_projection(text: str, path: str) -> str:
     """Drift (not a bug the properties catch): project_target_hidden's one GEMM over all taps becomes two
     GEMMs over the halves of the taps, each rounded to the weight dtype, summed there: two extra roundings
@@ -345,6 +354,10 @@ FRESH: tuple[Fix, ...] = (
     Fix("accumulator-control", "tokenspeed", ((TOKENSPEED_CONTEXT, comment_only(TOKENSPEED_CONTEXT)),), ("tokenspeed",),
         ()),
     Fix("attn-res-control", "vllm", ((VLLM_ATTN_RES, comment_only(VLLM_ATTN_RES)),), ("vllm",), ()),
+    # one more bf16 rounding on another engine and path than TokenSpeed's (issue 38): the rounding contract
+    # holds vLLM's AttnRes to its stated roundings; the accuracy property's budget does not see it
+    Fix("attn-res-mixture-bf16", "vllm", ((VLLM_ATTN_RES, round_mixture_before_output_norm),), ("vllm",),
+        ("properties/test_rounding_contracts.py::test_attn_res_rounds_only_where_its_code_says",)),
 )
 
 

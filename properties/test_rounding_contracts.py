@@ -23,16 +23,18 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 from hypothesis import given
 
 from k3num.engines import base
-from k3num.fixtures.builders import projection_inputs
-from k3num.fixtures.strategies import ProjectionCase, projection_cases
+from k3num.fixtures.builders import attn_res_inputs, projection_inputs
+from k3num.fixtures.strategies import AttnResCase, ProjectionCase, attn_res_cases, projection_cases
 from k3num.harness import ledger_models
-from k3num.harness.judges import EPS
+from k3num.harness.judges import EPS, OUT_EPS, up
+from k3num.harness.ledger_models import MARGIN
 from k3num.properties.checks.partial_projection import TRANSFER
 from k3num.properties.checks.partial_projection import sharded_call as _sharded
-from k3num.properties.support import DEVICE, LOW
+from k3num.properties.support import DEVICE, LOW, round_storage
 
 TOKENSPEED_MODEL = "tokenspeed/runtime/models/kimi_k3_dspark.py"
 TOKENSPEED_CONTEXT = "tokenspeed/runtime/execution/dspark_context.py"
@@ -43,6 +45,19 @@ CONTRACT_LINES: dict[str, tuple[tuple[str, str], ...]] = {
         (TOKENSPEED_CONTEXT, r"float32 accumulation avoids rounding between taps"),
         (TOKENSPEED_CONTEXT, r"projected\.\w+\(.*self\.model\.project_target_tap\(capture_idx, hidden\)"),
         (TOKENSPEED_MODEL, r"return self\.context_norm\(projected\.to\(self\.context_norm\.weight\.dtype\)\)"),
+    ),
+}
+
+
+VLLM_ATTN_RES = "vllm/models/kimi_k3/nvidia/ops/attn_res.py"
+# vLLM's AttnRes kernel (the NVIDIA Triton one): the prefix rounded to storage once, everything else in float32,
+# the output rounded once where it is stored
+ATTN_RES_CONTRACT_LINES: dict[str, tuple[tuple[str, str], ...]] = {
+    "vllm": (
+        (VLLM_ATTN_RES, r"updated_prefix = updated_prefix\.to\(prefix_ptr\.dtype\.element_ty\)\.to\(tl\.float32\)"),
+        (VLLM_ATTN_RES, r"mixed = tl\.zeros\(\(BLOCK_D,\), tl\.float32\)"),
+        (VLLM_ATTN_RES, r"output = mixed \* output_reciprocal_std \* output_norm_weight\n"),
+        (VLLM_ATTN_RES, r"tl\.store\(\s*output_ptr \+ row_idx \* stride_output_m \+ d_offsets,\s*output,"),
     ),
 }
 
@@ -63,14 +78,16 @@ def contract_lines_missing(root, lines: tuple[tuple[str, str], ...]) -> list[str
     return out
 
 
-def contract(engine) -> tuple[tuple[str, str], ...]:
-    """The engine's contract lines, checked against its files as read (a skip where it states none)."""
+def contract(engine, table: dict[str, tuple[tuple[str, str], ...]] | None = None,
+             what: str = "its sharded projection") -> tuple[tuple[str, str], ...]:
+    """The engine's contract lines in `table` (CONTRACT_LINES by default), checked against its files as read (a
+    skip where it states none)."""
     from k3num.harness import run
 
-    lines = CONTRACT_LINES.get(engine.name)
+    lines = (CONTRACT_LINES if table is None else table).get(engine.name)
     if lines is None:
-        pytest.skip(f"{engine.name} states no rounding contract for its sharded projection (properties/"
-                    "test_rounding_contracts.py CONTRACT_LINES)")
+        pytest.skip(f"{engine.name} states no rounding contract for {what} (properties/"
+                    "test_rounding_contracts.py)")
     missing = contract_lines_missing(run.current().source(engine.name.split("-")[0]).root, lines)
     if missing:
         raise ContractError("; ".join(missing))
@@ -89,3 +106,72 @@ def test_sharded_projection_rounds_only_where_its_code_says(engine, case: Projec
     why = ledger_models.tap_projections_rounded_to_bf16(calls)
     assert not why, (f"{engine.name} {engine.version} {case}: the sharded projection rounds where its code does not "
                      f"say it does: {why}")
+
+
+U32 = 2.0**-24  # float32's unit roundoff
+
+
+def attn_res_float32_error(sources: torch.Tensor, qkw: torch.Tensor, eps: float, mixed: torch.Tensor,
+                           out_norm: torch.Tensor | None, out_eps: float) -> torch.Tensor:
+    """[T, H] a first-order worst-case bound (float64) on how far a float32 evaluation of the mixture of
+    `sources` [T, S, H] (scores: rms-normed dot products with `qkw` [H]; a softmax; the weighted sum `mixed`
+    [T, H], float64) and of its output norm can land from the exact value, before the output's one rounding:
+    the rms and the dot over H terms ((H + 2) u each), the logits' error as the weights' relative error,
+    the S-term weighted sum, the output rms over H terms and its product (u = 2^-24)."""
+    t, s, h = sources.shape
+    ms = sources.square().mean(dim=-1) + eps  # [T, S]
+    rstd = ms.rsqrt()
+    dot = (sources * qkw).sum(dim=-1)  # [T, S]
+    logit_err = (h + 2) * U32 * (sources * qkw).abs().sum(dim=-1) * rstd + (dot * rstd).abs() * ((h + 1) / 2 + 3) * U32
+    logits = dot * rstd
+    w = torch.softmax(logits, dim=-1)  # [T, S]
+    weight_rel = 2 * logit_err.amax(dim=-1, keepdim=True) + (2 * s + 6) * U32  # [T, 1]
+    err_mix = (w[..., None] * sources.abs()).sum(dim=1) * weight_rel  # [T, H]
+    if s == 1:
+        err_mix = torch.zeros_like(mixed)  # the kernel mixes nothing: the prefix itself, exact
+    if out_norm is None:
+        return err_mix
+    r = (mixed.square().mean(dim=-1, keepdim=True) + out_eps).rsqrt()  # [T, 1]
+    r_rel = ((h + 1) / 2 + 3) * U32 + (mixed.abs() * err_mix).sum(-1, keepdim=True) / (
+        mixed.square().sum(-1, keepdim=True) + 1e-300)
+    return out_norm.abs() * r * (err_mix + mixed.abs() * (r_rel + 2 * U32))
+
+
+def rounded_once_violations(out: torch.Tensor, want: torch.Tensor, err: torch.Tensor) -> tuple[int, float]:
+    """(elements of `out` that are not the round-to-nearest bf16 of `want` [float64] where `want` lies further
+    than `err` from a rounding midpoint, the worst such error in ulps of `want`). Where it lies within `err`,
+    either neighbour is the contract's, and any value within err of want rounded."""
+    ulp = ledger_models._ulp_bf16(want)
+    rn = want.to(torch.bfloat16).double()
+    to_mid = (ulp / 2 - (want - rn).abs()).abs()
+    dev = (out.double() - rn).abs()
+    allowed = torch.where(to_mid <= err, ulp * torch.ceil((err + ulp / 2) / ulp), torch.zeros_like(ulp))
+    bad = dev > allowed
+    return int(bad.sum()), float((dev / ulp).where(bad, torch.zeros_like(dev)).max()) if bad.any() else 0.0
+
+
+@given(case=attn_res_cases())
+def test_attn_res_rounds_only_where_its_code_says(engine, case: AttnResCase) -> None:
+    """vLLM's AttnRes kernel rounds the new prefix to storage once and the output once; the norms, the scores,
+    the softmax and the mixture are float32. So its output is the round-to-nearest bf16 of the float64 mixture
+    of those sources, except where the float64 value lies within the float32 evaluation's error of a rounding
+    midpoint (`attn_res_float32_error`). One more bf16 rounding anywhere (the mixture before the output norm:
+    harness/fixes.py attn-res-mixture-bf16) moves many elements to the far neighbour."""
+    from k3num.harness import oracle
+    from k3num.properties.checks.attn_res import as_admitted, call_attn_res
+
+    contract(engine, ATTN_RES_CONTRACT_LINES, "its AttnRes mixture")
+    case = as_admitted(engine, case)
+    inp = attn_res_inputs(case, LOW, DEVICE)
+    p = inp.prefix if inp.delta is None else round_storage(engine, inp.prefix.float() + inp.delta.float())
+    parts = oracle.current().attn_res_with_sources(
+        up(p), None, up(inp.blocks), up(inp.norm), up(inp.qk), None if inp.out_norm is None else up(inp.out_norm),
+        case.num_blocks, case.block_write_idx, EPS, OUT_EPS)
+    qkw = up(inp.norm.float() * inp.qk.float())  # the kernel's product of the two weights, in float32
+    err = MARGIN * attn_res_float32_error(parts.sources, qkw, EPS, parts.mixture,
+                                          None if inp.out_norm is None else up(inp.out_norm), OUT_EPS)
+    out = call_attn_res(engine, inp, case)
+    n, worst = rounded_once_violations(out, parts.output, err)
+    assert n == 0, (f"{engine.name} {engine.version} {case}: attn_res rounds where its code does not say it does: "
+                    f"{n} of {out.numel()} elements are not the nearest bf16 of the float32 mixture (worst {worst:.2f} "
+                    f"ulp; contract lines: {VLLM_ATTN_RES})")

@@ -15,6 +15,10 @@
 #   `k3num impact`, `k3num impact --ledger` and `k3num impact --geometry k3` (the nightly's K3 step) on cuda
 #   (OUT/tokens-*.log, OUT/impact*.md). K3NUM_TOKENS_PROFILE=1 adds the torch profiler's tables of sglang's DSpark
 #   step (OUT/tokens-profile.txt).
+#   `contract` runs the rounding contracts on cuda (properties/test_rounding_contracts.py: vLLM's AttnRes kernel
+#   natively, its approximate rsqrt and exp inside the float32 bound) under K3NUM_CONTRACT_PROFILE (nightly-1k) on
+#   the pinned files, then under ci on the planted mixture rounding (harness/fixes.py attn-res-mixture-bf16: must
+#   fail) and its control (must pass), each with its drift CSV's median rounding count. OUT/contract-*.log.
 #   `race7` checks K3N-007's bug model on the H200 at K3's hidden 7168 (the per-segment search beyond 8 segments):
 #   scripts/explain_attn_res_race.py on K3-shape cases (K3NUM_RACE7_CASES, ';'-separated), then the K3-shape repeat
 #   property on vllm-rocm at each pinned release (K3NUM_RACE7_PROFILE, default ci) and the in-place prefix property
@@ -97,8 +101,8 @@ out=${1:?usage: scripts/device_session.sh OUT [PARTS]}
 parts=",${2:-bench,race,k3,small},"
 want() { [[ "$parts" == *",$1,"* ]]; }
 for p in ${parts//,/ }; do
-    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts|oracle|profile|derand|nightly|known|ranks|tokens|ledger|release|race7) ;;
-        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts, oracle, profile, derand, nightly, known, ranks, tokens, ledger, release, race7)"
+    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts|oracle|profile|derand|nightly|known|ranks|tokens|ledger|release|race7|contract) ;;
+        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts, oracle, profile, derand, nightly, known, ranks, tokens, ledger, release, race7, contract)"
            exit 2;; esac
 done
 mkdir -p "$out"
@@ -118,7 +122,7 @@ small_engines=${K3NUM_SMALL_ENGINES:-vllm vllm-rocm sglang tokenspeed}
 for e in vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
-race7=0 release=0 ledger=0 tokens=0 ranks=0 known=0 bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0 nightly=0
+contract=0 race7=0 release=0 ledger=0 tokens=0 ranks=0 known=0 bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0 nightly=0
 if want tokens; then
     echo "== the draft step at K3 geometry, the token properties and k3num impact on cuda"
     timeout -s INT "${K3NUM_TOKENS_BENCH_TIMEOUT:-200}" python bench/draft_step_speed.py --geometry k3 \
@@ -163,6 +167,39 @@ if want release; then
         || release=1
     echo "ledger reproducers exit $release in $((SECONDS - t0)) s" | tee -a "$out/release.log"
     tail -n 25 "$out/release-k3.log" "$out/release-small.log" "$out/release-repro.log"
+fi
+if want contract; then
+    echo "== rounding contracts on cuda"
+    t0=$SECONDS
+    timeout -s INT 240 python -m pytest properties/test_rounding_contracts.py properties/test_attn_res.py \
+        -k "rounds_only_where or within_rounding_budget_of_oracle" --engine vllm,tokenspeed --device cuda \
+        -p no:cacheprovider -q -rfEsx --hypothesis-profile="${K3NUM_CONTRACT_PROFILE:-nightly-1k}" \
+        --drift-csv "$out/contract-pinned.csv" > "$out/contract-pinned.log" 2>&1 || contract=1
+    tail -n 4 "$out/contract-pinned.log"
+    for fid in attn-res-mixture-bf16 attn-res-control; do
+        tree=$(python -c "import sys; from pathlib import Path; from k3num.harness import fixes; \
+print(fixes.patched_tree(fixes.by_id(sys.argv[1]), Path(sys.argv[2])))" "$fid" "$out/tree-$fid")
+        timeout -s INT 120 python -m pytest properties/test_rounding_contracts.py properties/test_attn_res.py \
+            -k "rounds_only_where or within_rounding_budget_of_oracle" --engine vllm --engine-src "vllm=$tree" \
+            --device cuda -p no:cacheprovider -q -rfEx --hypothesis-profile=ci --drift-csv "$out/contract-$fid.csv" \
+            > "$out/contract-$fid.log" 2>&1
+        rc=$?
+        rm -rf "$out/tree-$fid"
+        echo "$fid: pytest exit $rc" | tee -a "$out/contract-pinned.log"
+        if [ "$fid" = attn-res-control ] && [ "$rc" -ne 0 ]; then contract=1; fi
+        if [ "$fid" = attn-res-mixture-bf16 ] && [ "$rc" -ne 1 ]; then contract=1; fi
+        grep -E "rounds where|passed|failed" "$out/contract-$fid.log" | head -n 3
+    done
+    python - "$out" <<'PY'
+import sys
+from pathlib import Path
+import pandas as pd
+for f in sorted(Path(sys.argv[1]).glob("contract-*.csv")):
+    d = pd.read_csv(f)
+    d = d[d["verdict"].isin(["pass", "fail"])]
+    print(f.name, d.groupby(["engine", "property"])["roundings"].median().round(3).to_dict())
+PY
+    echo "contract: exit $contract in $((SECONDS - t0)) s" | tee -a "$out/contract-pinned.log"
 fi
 if want race7; then
     echo "== K3N-007's model at K3 shapes: the explanation of each raced output, the repeat property, the accuracy one"
@@ -524,5 +561,5 @@ if [ -n "$k3_pid" ]; then wait "$k3_pid"; k3=$?; cat "$out/k3.log"; fi
 if [ -n "$small_pid" ]; then wait "$small_pid"; small=$?; cat "$out/small.log"; fi
 dirs=(); for d in k3 small; do [ -d "$out/$d" ] && dirs+=("$d"); done
 [ ${#dirs[@]} -gt 0 ] && tar czf "$out/properties.tgz" -C "$out" "${dirs[@]}"
-echo "device_session: race7 exit $race7, release exit $release, ledger exit $ledger, tokens exit $tokens, ranks exit $ranks, known exit $known, nightly exit $nightly, oracle exit $oracle, profile exit $profile, derand exit $derand, ts exit $ts, checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
-[ "$race7" -eq 0 ] && [ "$release" -eq 0 ] && [ "$ledger" -eq 0 ] && [ "$tokens" -eq 0 ] && [ "$ranks" -eq 0 ] && [ "$known" -eq 0 ] && [ "$nightly" -eq 0 ] && [ "$oracle" -eq 0 ] && [ "$profile" -eq 0 ] && [ "$derand" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]
+echo "device_session: contract exit $contract, race7 exit $race7, release exit $release, ledger exit $ledger, tokens exit $tokens, ranks exit $ranks, known exit $known, nightly exit $nightly, oracle exit $oracle, profile exit $profile, derand exit $derand, ts exit $ts, checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
+[ "$contract" -eq 0 ] && [ "$race7" -eq 0 ] && [ "$release" -eq 0 ] && [ "$ledger" -eq 0 ] && [ "$tokens" -eq 0 ] && [ "$ranks" -eq 0 ] && [ "$known" -eq 0 ] && [ "$nightly" -eq 0 ] && [ "$oracle" -eq 0 ] && [ "$profile" -eq 0 ] && [ "$derand" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]

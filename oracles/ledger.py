@@ -106,7 +106,8 @@ LEDGER: tuple[Divergence, ...] = (
                    "within budget on the re-run (H200, triton 3.6.0); scripts/repro_attn_res_write_race.py counts it",
         upstream="none found (not reported yet)",
         modes=("source-gpu", "import"), race=True,
-        also=("test_attn_res_repeated_calls_are_bitwise_identical",),
+        # the rounding contract judges the same racy call (GPU run 88: a write at 0 of 1 block, no delta)
+        also=("test_attn_res_repeated_calls_are_bitwise_identical", "test_attn_res_rounds_only_where_its_code_says"),
     ),
     Divergence(
         id="K3N-005", files=("vllm/models/kimi_k3/amd/ops/attn_res.py",),

@@ -187,6 +187,8 @@ def test_report_writes_markdown_html_and_plots_with_ledger_and_slack_tables(tmp_
             tmp_path, f"run{i}", df, {"date": f"2026-11-0{i + 1}T00:00:00Z", "profile": "p", "device_name": "d"}))])
         assert rc == 0
     md = (out / "report.md").read_text()
+    assert md.splitlines()[1].startswith("**Verdict: PASS**: 0 failing record(s) outside the ledger, no gate run, "
+                                         "1 known"), md[:400]  # the verdict first, under the title
     assert "History: 3 runs" in md
     assert "| K3N-006 | tokenspeed |" in md and "still failing (1 of 2 records)" in md
     assert "FIXED: 2 records, none failing; remove the entry" in md  # K3N-001's records all pass

@@ -170,3 +170,42 @@ def test_the_token_plots_show_every_engine_and_drafter_with_its_noise_floor(figu
     assert len(series) == 12 and len(dashed) == 12
     flips = names["token-flips.png"].axes[0]
     assert flips.get_xscale() == "log" and len(flips.collections) == 6
+
+
+def test_a_one_run_agreement_plot_draws_its_noise_floor_at_that_runs_label(monkeypatch, tmp_path) -> None:
+    """One run is one point per series: the noise floor carries a marker (a dashed line of one point draws
+    nothing), and the x axis is that run, labelled, not +-0.045 around it."""
+    kept: list = []
+    monkeypatch.setattr(report, "_save", lambda fig, path: kept.append((path.name, fig)) or path)
+    report.plot_tokens(_runs(n_runs=1), tmp_path)
+    fig = dict(kept)["token-agreement.png"]
+    ax = fig.axes[0]
+    try:
+        dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+        assert dashed and all(line.get_marker() not in (None, "", "None") for line in dashed)
+        labels = [t.get_text() for t in ax.get_xticklabels()]
+        assert ax.get_xlim() == (-1.0, 1.0) and labels == ["2026-11-01 0000000"], (ax.get_xlim(), labels)
+    finally:
+        for _, f in kept:
+            report._plt().close(f)
+
+
+def test_a_known_divergences_ratio_panel_is_logarithmic_above_the_slack_and_says_it_is_the_ledgers(
+        monkeypatch, tmp_path) -> None:
+    """A group of ledger-filed records only, at 1,000x its budget: the panel says so in its title, its y axis is
+    linear to the slack line and logarithmic above (the budget line stays readable), and both lines are named."""
+    kept: list = []
+    monkeypatch.setattr(report, "_save", lambda fig, path: kept.append(fig) or path)
+    runs = _runs(n_runs=3, props=1, repeats=0)
+    for r in runs:
+        g = r["groups"][0]
+        g.update(q=np.linspace(0.5, 1200.0, 101).tolist(), only_ledger=True)
+    report.plot_ratios(runs, tmp_path)
+    (fig,) = kept
+    ax = fig.axes[0]
+    try:
+        assert "known divergences only" in ax.get_title() and ax.get_yscale() == "symlog"
+        texts = [t.get_text() for t in ax.texts]
+        assert "budget" in texts and any("catches nothing" in t for t in texts)
+    finally:
+        report._plt().close(fig)

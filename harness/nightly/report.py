@@ -150,6 +150,19 @@ def budget_slack(runs: Sequence[dict], slack: float = hist.SLACK) -> pd.DataFram
     return t[t["worst_over_history"] < slack].sort_values("worst_over_history").reset_index(drop=True)
 
 
+def verdict_line(run: dict, gate: pd.DataFrame | None) -> str:
+    """The report's first line: the latest run's failures outside the ledger, the gate's alarms, the known
+    divergences seen, as one verdict (FAIL where either of the first two is nonzero)."""
+    g = pd.DataFrame(run["groups"])
+    failures = int(g["failures"].sum()) if "failures" in g else 0
+    known = int(g["known_divergences"].sum()) if "known_divergences" in g else 0
+    alarms = int((gate["verdict"].isin(("alarm", "missing"))).sum()) if gate is not None else 0
+    verdict = "FAIL" if failures or alarms else "PASS"
+    gate_part = f"{alarms} regression-gate alarm(s)" if gate is not None else "no gate run"
+    return (f"**Verdict: {verdict}**: {failures} failing record(s) outside the ledger, {gate_part}, {known} known "
+            f"divergence record(s) (the ledger's, apart), {len(g)} groups.")
+
+
 def latest_summary(run: dict) -> pd.DataFrame:
     g = pd.DataFrame(run["groups"])
     if g.empty:
@@ -237,9 +250,20 @@ def plot_ratios(runs: Sequence[dict], out: Path, max_runs: int = 60) -> list[Pat
             ax.scatter(x, q[:, 100], marker="o", s=6, color="tab:orange", zorder=3)
             ax.axhline(1.0, color="tab:red", lw=0.8, ls="--")
             ax.axhline(hist.SLACK, color="tab:gray", lw=0.6, ls=":")
+            # the lines say what they are on the plot, and a known divergence's ratios in the thousands keep the
+            # budget line readable: linear up to the slack line, logarithmic above it
+            if float(np.nanmax(q)) > 20:
+                ax.set_yscale("symlog", linthresh=hist.SLACK, linscale=0.5)
+            ax.text(0.005, 1.0, "budget", transform=ax.get_yaxis_transform(), color="tab:red", fontsize=6,
+                    va="bottom")
+            ax.text(0.005, hist.SLACK, f"{hist.SLACK}: a worst ratio below catches nothing",
+                    transform=ax.get_yaxis_transform(), color="tab:gray", fontsize=6, va="bottom")
             ax.set_xlim(0.3, len(q) + 0.7)
             ax.set_ylabel("err / budget", fontsize=8)
-            ax.set_title(f"{engine} {subject}: {prop} (box: quartiles, whiskers: 5-95%, dot: worst)", fontsize=8)
+            only = "only_ledger" in gp and bool(gp["only_ledger"].fillna(False).iloc[-1])
+            known = " known divergences only (the ledger)," if only else ""
+            ax.set_title(f"{engine} {subject}: {prop} ({known} box: quartiles, whiskers: 5-95%, dot: worst)",
+                         fontsize=8)
             # at most 12 run labels per axis: text layout is most of a plot's cost
             names = [labels[r] for r in gp["run"]]
             step = max(1, math.ceil(len(names) / 12))
@@ -380,9 +404,14 @@ def plot_tokens(runs: Sequence[dict], out: Path) -> list[Path]:
     for name, c in zip(series, _colours(len(series))):
         s = per[per["series"] == name].sort_values("run")
         ax.plot(s["run"], s["agreement"] / s["blocks"], "o-", ms=3, color=c, label=name)
-        ax.plot(s["run"], s["noise"] / s["blocks"], "--", lw=0.8, color=c)
+        # a marker on each point: one run is one point, which a dashed line alone does not draw
+        ax.plot(s["run"], s["noise"] / s["blocks"], "x--", ms=4, lw=0.8, color=c)
     ax.set_xlabel("run (oldest first)")
     ax.xaxis.set_major_locator(_plt().MaxNLocator(integer=True))
+    if per["run"].nunique() == 1:  # one run: one x position, not an axis of +-0.05 around it
+        only = int(per["run"].iloc[0])
+        ax.set_xlim(only - 1, only + 1)
+        ax.set_xticks([only], [_label(runs[only])], fontsize=7)
     ax.set_ylabel("mean agreement length (positions)")
     ax.set_title("agreement with the float64 draft step (dashed: the noise floor)", fontsize=9)
     _legend_outside(ax, len(series))
@@ -404,7 +433,8 @@ def render(runs: Sequence[dict], out: Path, gate: pd.DataFrame | None = None,
     pngs = [*plot_ratios(runs, out), *plot_err_vs_len(runs, out), *plot_nondeterminism(runs, out),
             *plot_tokens(runs, out)]
     sections: list[tuple[str, str, pd.DataFrame | None]] = []
-    head = (f"History: {len(runs)} runs ({_label(runs[0])} to {_label(latest)}). Latest run: {m.get('date', '?')}, "
+    head = verdict_line(latest, gate) + "\n\n" + (
+            f"History: {len(runs)} runs ({_label(runs[0])} to {_label(latest)}). Latest run: {m.get('date', '?')}, "
             f"harness {m.get('harness_commit', '?')}, profile {m.get('profile', '?')}, device "
             f"{m.get('device_name', '?')}, torch {m.get('torch', '?')}.\n\nCommand: `{m.get('command', '?')}`\n")
     if skipped:

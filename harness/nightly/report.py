@@ -254,9 +254,9 @@ def plot_ratios(runs: Sequence[dict], out: Path, max_runs: int = 60) -> list[Pat
             # budget line readable: linear up to the slack line, logarithmic above it
             if float(np.nanmax(q)) > 20:
                 ax.set_yscale("symlog", linthresh=hist.SLACK, linscale=0.5)
-            ax.text(0.005, 1.0, "budget", transform=ax.get_yaxis_transform(), color="tab:red", fontsize=6,
+            ax.text(0.01, 1.0, "budget", transform=ax.get_yaxis_transform(), color="tab:red", fontsize=6,
                     va="bottom")
-            ax.text(0.005, hist.SLACK, f"{hist.SLACK}: a worst ratio below catches nothing",
+            ax.text(0.01, hist.SLACK, f"{hist.SLACK}: a worst ratio below catches nothing",
                     transform=ax.get_yaxis_transform(), color="tab:gray", fontsize=6, va="bottom")
             ax.set_xlim(0.3, len(q) + 0.7)
             ax.set_ylabel("err / budget", fontsize=8)

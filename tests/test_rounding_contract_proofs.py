@@ -1,6 +1,7 @@
 """The rounding contracts (properties/test_rounding_contracts.py) catch one more bf16 rounding: TokenSpeed's running
-sum rounded per tap (harness/fixes.py accumulator-bf16) fails the contract, outside every ledger entry, where its
-control (a comment in the same file) passes; a contract line gone from a release is a contract error naming it."""
+sum rounded per tap (harness/fixes.py accumulator-bf16) and vLLM's AttnRes mixture rounded before its output norm
+(attn-res-mixture-bf16) fail their contracts, outside every ledger entry, where their controls (a comment in the
+same file) pass; a contract line gone from a release is a contract error naming it."""
 
 from __future__ import annotations
 
@@ -30,6 +31,32 @@ def test_the_planted_accumulator_rounding_breaks_the_contract_and_its_control_do
     assert bad.returncode == 1 and "rounds where its code does not say it does" in bad.stdout, bad.stdout[-3000:]
     assert "xfail" not in bad.stdout.split("short test summary")[-1].lower()  # no ledger entry absorbs it
     good = _run(fixes.patched_tree(fixes.by_id("accumulator-control"), tmp_path / "good"))
+    assert good.returncode == 0, good.stdout[-3000:]
+
+
+def _run_vllm(tree: Path, k: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest", "properties/test_rounding_contracts.py",
+                           "properties/test_attn_res.py", "-k", k, "--engine", "vllm", "--engine-src",
+                           f"vllm={tree}", "-q", "-p", "no:cacheprovider", "--hypothesis-profile=ci"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_the_planted_attn_res_mixture_rounding_breaks_vllms_contract_and_not_the_accuracy_budget(
+        tmp_path: Path) -> None:
+    """A second planted rounding, on another engine and path (vLLM's AttnRes kernel rounds its mixture to bf16
+    before the output norm: harness/fixes.py attn-res-mixture-bf16): the AttnRes contract fails, outside every
+    ledger entry, while the accuracy property's worst-case budget passes it; its control passes both."""
+    if not fetch.verified_manifest("vllm"):
+        pytest.skip("vllm is not fetched")
+    bad = fixes.patched_tree(fixes.by_id("attn-res-mixture-bf16"), tmp_path / "bad")
+    contract = _run_vllm(bad, "attn_res_rounds_only_where_its_code_says")
+    assert contract.returncode == 1 and "attn_res rounds where its code does not say it does" in contract.stdout, \
+        contract.stdout[-3000:]
+    assert "xfail" not in contract.stdout.split("short test summary")[-1].lower()
+    accuracy = _run_vllm(bad, "test_attn_res_within_rounding_budget_of_oracle")
+    assert accuracy.returncode == 0, accuracy.stdout[-3000:]
+    good = _run_vllm(fixes.patched_tree(fixes.by_id("attn-res-control"), tmp_path / "good"),
+                     "attn_res_rounds_only_where_its_code_says or test_attn_res_within_rounding_budget_of_oracle")
     assert good.returncode == 0, good.stdout[-3000:]
 
 

@@ -12,7 +12,8 @@ tiny draft step (fixtures.strategies.DraftStepCase) run through the engine's pat
 remainder, and are judged position by position against the float64 step (oracles/tokens.py). One row per
 (engine, drafter, paths): positions judged, IDENTICAL / TIE-BREAK / DIVERGED, the decided share, the mean
 agreement length against the oracle's and the noise floor's, the worst logit error over delta, and a
-severity ("changes decided tokens", "near-ties only", "no token changes").
+severity ("changes decided tokens"; "decided tokens in reach": no flip seen, but the logit error reaches a
+decided position's margin, exposed_share of them; "near-ties only"; "no token changes").
 
 Exit: 0 nothing diverged outside the ledger (a row whose divergence an entry filed on the token property
 explains names it in `ledger`); 1 a decided token flipped otherwise; 2 could not run (an unknown engine, a bad
@@ -62,6 +63,9 @@ from k3num.fixtures.strategies import DraftStepCase
 from k3num.oracles import tokens
 
 CHANGES, NEAR_TIES, NONE = "changes decided tokens", "near-ties only", "no token changes"
+# no decided token flipped in the blocks run, but the logit error reaches decided positions' margins (past delta/2):
+# a drift the noise floor (within delta/2) does not make, and exposed_share says how often a decided token could flip
+EXPOSED = "decided tokens in reach"
 K3_TOKENS = 256  # context positions of a K3-geometry case (--geometry k3): a prompt's worth, as the bench
 
 
@@ -107,8 +111,12 @@ def preset_cases(kind: str, n: int, seed: int, tokens: int = K3_TOKENS) -> list[
     return [preset_case(kind, tokens, rng.randrange(2**31)) for _ in range(n)]
 
 
-def severity(diverged: int, tie_break: int) -> str:
-    return CHANGES if diverged else (NEAR_TIES if tie_break else NONE)
+def severity(diverged: int, tie_break: int, exposed: int = 0) -> str:
+    """CHANGES where a decided token flipped; else EXPOSED where the logit error reached a decided position's
+    margin (oracles/tokens.BlockVerdict.exposed); else NEAR_TIES where a near-tie broke; else NONE."""
+    if diverged:
+        return CHANGES
+    return EXPOSED if exposed else (NEAR_TIES if tie_break else NONE)
 
 
 def activation_cases(acts: Any, kind: str, n: int, seed: int) -> list[DraftStepCase]:
@@ -226,13 +234,15 @@ def _aggregate(name: str, kind: str, results: list[Any], ledger: str = "") -> di
     counts = {label: sum(b.count(label) for b in v) for label in (tokens.IDENTICAL, tokens.TIE_BREAK,
                                                                    tokens.DIVERGED)}
     judged = sum(b.positions for b in v)
+    decided, exposed = sum(b.decided for b in v), sum(b.exposed for b in v)
     return {"engine": name, "drafter": kind, "paths": results[0].paths, "ledger": ledger, "blocks": len(v),
             "positions": judged, "identical": counts[tokens.IDENTICAL], "tie_break": counts[tokens.TIE_BREAK],
-            "diverged": counts[tokens.DIVERGED], "decided_share": sum(b.decided for b in v) / judged,
+            "diverged": counts[tokens.DIVERGED], "decided_share": decided / judged,
+            "exposed_share": exposed / decided if decided else 0.0,
             "agreement": sum(b.agreement for b in v) / len(v),
             "noise_agreement": sum(r.noise_verdict.agreement for r in results) / len(v),
             "block": judged / len(v), "worst_err_over_delta": max(b.worst_err_over_delta for b in v),
-            "severity": severity(counts[tokens.DIVERGED], counts[tokens.TIE_BREAK])}
+            "severity": severity(counts[tokens.DIVERGED], counts[tokens.TIE_BREAK], exposed)}
 
 
 # --- the ledger's entries through the step (`--ledger`) -------------------------------------------------
@@ -570,7 +580,7 @@ def _entry_rows(d: Any, n: int, seed: int, device: str, sources: dict[str, Path]
         rows.append(row)
 
 
-_RANK = {CHANGES: 2, NEAR_TIES: 1, NONE: 0}
+_RANK = {CHANGES: 3, EXPOSED: 2, NEAR_TIES: 1, NONE: 0}
 
 
 def read_severities(path: str | Path) -> dict[str, str]:
@@ -681,9 +691,10 @@ def _checkpoint_step(path: str, lm_head: str | None, device: str) -> Any:
 
 
 ENGINE_COLUMNS = ["engine", "drafter", "paths", "positions", "identical", "tie_break", "diverged", "decided_share",
-                  "agreement", "noise_agreement", "block", "worst_err_over_delta", "severity", "ledger"]
+                  "exposed_share", "agreement", "noise_agreement", "block", "worst_err_over_delta", "severity",
+                  "ledger"]
 LEDGER_COLUMNS = ["entry", "role", "engine", "drafter", "paths", "positions", "identical", "tie_break", "diverged",
-                  "agreement", "noise_agreement", "worst_err_over_delta", "severity", "note"]
+                  "exposed_share", "agreement", "noise_agreement", "worst_err_over_delta", "severity", "note"]
 
 
 def _markdown(table: pd.DataFrame, args: argparse.Namespace, cols: list[str]) -> str:
@@ -695,9 +706,12 @@ def _markdown(table: pd.DataFrame, args: argparse.Namespace, cols: list[str]) ->
              "floor (every K3 path through the bf16 mirror). decided_share: the share of positions whose oracle "
              "top-two gap is at least delta (where a flip would be a divergence); block: the drafter's block length; "
              "worst_err_over_delta: the worst logit error against the oracle, over delta (past 1, a decided token "
-             "could flip); role (--ledger): `case` is the entry's case class, `control` the same calls without its "
-             "defect. Exit 1 only for a decided token flipped outside the ledger: a row whose flips an entry "
-             "explains names it in `ledger` (vllm-rocm: K3N-001) and does not fail the run.", ""]
+             "could flip); exposed_share: the share of decided positions within the logit error's reach (top-two "
+             "gap below twice the position's logit error: the most a decided token could flip per position, "
+             "severity `decided tokens in reach` where no flip was seen); role (--ledger): `case` is the entry's "
+             "case class, `control` the same calls without its defect. Exit 1 only for a decided token flipped "
+             "outside the ledger: a row whose flips an entry explains names it in `ledger` (vllm-rocm: K3N-001) "
+             "and does not fail the run.", ""]
     if args.ledger:
         from k3num.oracles import ledger
 

@@ -55,6 +55,14 @@ class BlockVerdict:
         return self.labels.count(label)
 
     @property
+    def exposed(self) -> int:
+        """Decided positions within the logit error's reach: delta <= gap < 2 x the position's logit error (the
+        top-two difference moves by at most twice the largest logit error, so only these can flip). A
+        subject within delta / 2 of the oracle everywhere exposes none; one that drifts past it exposes the
+        decided positions with the smallest margins, whether or not one flipped in the blocks run."""
+        return sum(self.delta <= g < 2 * e for g, e in zip(self.gap, self.logit_err))
+
+    @property
     def worst_err_over_delta(self) -> float:
         return max(self.logit_err) / self.delta if self.delta > 0 else float("inf")
 

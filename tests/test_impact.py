@@ -147,3 +147,45 @@ def test_the_impact_tables_legend_names_every_column_and_the_exit_rule_and_each_
     monkeypatch.setattr(imp, "_entry_rows", lambda d, *a, **k: order.append(d.id))
     imp.ledger_table(1, 0, "cpu", {}, "auto")
     assert order == sorted(order) and order.index("K3N-010") < order.index("K3N-012")
+
+
+def test_a_drift_past_half_delta_is_told_from_noise_though_no_decided_token_flips() -> None:
+    """The mirror's DSpark context KV scaled by 1.05 (about 12 bf16 units, far outside the tensor budget) flips no
+    decided token in 6 blocks, as the untouched mirror does not; its logit error reaches the margins of
+    decided positions (exposed_share > 0) and its severity says so, where the untouched mirror's (within delta/2
+    everywhere) exposes none. Before, both rows read "near-ties only"."""
+    from k3num.engines import base, registry
+    from k3num.harness import draft_step, impact
+
+    mirror = registry.get("mirror")
+    fused = mirror.subject(base.CONTEXT_KV_FUSED)
+
+    def scaled(*args, **kwargs):
+        out = fused(*args, **kwargs)
+        return ((out[0].float() * 1.05).to(out[0].dtype), *out[1:])
+
+    cases = impact.sample_cases("dspark", 6, 0)
+    rows = {label: impact._aggregate("mirror", "dspark", [draft_step.run(mirror, mirror, "dspark", c, "cpu",
+                                                                         subjects=subs) for c in cases])
+            for label, subs in (("pinned", None), ("scaled", {base.CONTEXT_KV_FUSED: (scaled, "kv_c x 1.05")}))}
+    assert rows["pinned"]["exposed_share"] == 0 and rows["pinned"]["severity"] != impact.EXPOSED, rows["pinned"]
+    assert rows["scaled"]["diverged"] == 0 and rows["scaled"]["worst_err_over_delta"] > 1, rows["scaled"]
+    assert rows["scaled"]["exposed_share"] > 0 and rows["scaled"]["severity"] == impact.EXPOSED, rows["scaled"]
+
+
+def test_exposed_counts_the_decided_positions_within_twice_the_logit_error():
+    """Gaps of 0.5, 1.5 and 3 delta: an error of 0.4 delta exposes none (the noise floor's reach), 0.8 delta the
+    1.5-delta position, 2 delta both decided positions; a near-tie is never counted."""
+    import torch
+
+    from k3num.harness import impact
+    from k3num.oracles import tokens
+
+    oracle = torch.tensor([[0.5, 0.0, -9.0], [1.5, 0.0, -9.0], [3.0, 0.0, -9.0]], dtype=torch.float64)
+    for err, want in ((0.4, 0), (0.8, 1), (2.0, 2)):
+        subject = oracle.clone()
+        subject[:, 2] += err  # a logit error of `err` where it flips nothing
+        v = tokens.judge_block(subject, oracle, 1.0)
+        assert v.exposed == want and v.count(tokens.DIVERGED) == 0, (err, v)
+    assert impact.severity(0, 0, 1) == impact.EXPOSED and impact.severity(1, 0, 1) == impact.CHANGES
+    assert impact.severity(0, 2, 0) == impact.NEAR_TIES and impact.severity(0, 0, 0) == impact.NONE

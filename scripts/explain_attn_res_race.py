@@ -110,6 +110,8 @@ def _split(c, once, twice, bank, inp, case) -> None:
     prefix's score (its rms and logit) read with one set and its mixed value with another, in float64."""
     import itertools
 
+    from k3num.harness.judges import EPS, OUT_EPS
+
     def variant(segs):
         pre = once.double().clone()
         for s in segs:
@@ -124,21 +126,18 @@ def _split(c, once, twice, bank, inp, case) -> None:
     best = [(float("inf"), None)] * out.shape[0]
     for s1 in sets:
         sc = torch.cat([bank[:, :nb].double(), variant(s1)[:, None]], dim=1)  # [T, nb+1, H]
-        rstd = torch.rsqrt(sc.square().mean(-1) + EPS_)
+        rstd = torch.rsqrt(sc.square().mean(-1) + EPS)
         wts = torch.softmax((sc * w).sum(-1) * rstd, dim=-1)  # [T, nb+1]
         for s2 in sets:
             vals = torch.cat([bank[:, :nb].double(), variant(s2)[:, None]], dim=1)
             mixed = (wts[..., None] * vals).sum(1)
-            o = mixed * torch.rsqrt(mixed.square().mean(-1, keepdim=True) + OUT_EPS_) * inp.out_norm.double()
+            o = mixed * torch.rsqrt(mixed.square().mean(-1, keepdim=True) + OUT_EPS) * inp.out_norm.double()
             err = (o - out).abs().amax(-1)
             for r in range(out.shape[0]):
                 if float(err[r]) < best[r][0]:
                     best[r] = (float(err[r]), (s1, s2))
     for r, (e, sets_) in enumerate(best):
         print(f"      row {r}: best (score set, value set) {sets_} at {e:.3g}")
-
-
-EPS_, OUT_EPS_ = 1e-5, 1e-6  # harness/judges.py EPS, OUT_EPS
 
 
 if __name__ == "__main__":

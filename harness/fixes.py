@@ -25,6 +25,7 @@ VLLM_ATTN_RES = "vllm/models/kimi_k3/nvidia/ops/attn_res.py"
 ROCM_ATTN_RES = "vllm/models/kimi_k3/amd/ops/attn_res.py"
 SGLANG_ATTN = "sglang/srt/layers/attn_residual.py"
 SGLANG_MATERIALIZE = "sglang/kernels/ops/speculative/fused_kv_materialize.py"
+SGLANG_DRAFT_KV = "sglang/kernels/ops/speculative/dspark/fused_kv_write.py"
 TOKENSPEED_MODEL = "tokenspeed/runtime/models/kimi_k3_dspark.py"
 TOKENSPEED_CONTEXT = "tokenspeed/runtime/execution/dspark_context.py"
 VLLM_DSPARK = "vllm/models/kimi_k3/nvidia/dspark_mla.py"
@@ -208,6 +209,17 @@ def round_mixture_before_output_norm(text: str, path: str) -> str:
                        "    output = mixed")
 
 
+def round_inverse_rms_to_bf16(text: str, path: str) -> str:
+    """Planted bug (one extra bf16 rounding, a third engine and path: issue 38): SGLang's
+    _fused_kv_norm_rope_write_kernel rounds the K norm's reciprocal root to bf16 before it scales the head (a
+    norm factor kept in the activation dtype), so every element of a head carries up to half an ulp more,
+    all in one direction. The code's stated roundings (the normed K once before the RoPE, the roped K at the
+    store) are all still there."""
+    line = "inv = 1.0 / tl.sqrt(ms + EPS)"
+    return _replace_in(text, path, "_fused_kv_norm_rope_write_kernel", rf"^\s*{re.escape(line)}\s*$", line,
+                       f"{line}\n        inv = inv.to(tl.bfloat16).to(tl.float32)  # k3num planted")
+
+
 def split_context_projection(text: str, path: str) -> str:
     """Drift (not a bug the properties catch): project_target_hidden's one GEMM over all taps becomes two
     GEMMs over the halves of the taps, each rounded to the weight dtype, summed there: two extra roundings
@@ -358,6 +370,10 @@ FRESH: tuple[Fix, ...] = (
     # holds vLLM's AttnRes to its stated roundings; the accuracy property's budget does not see it
     Fix("attn-res-mixture-bf16", "vllm", ((VLLM_ATTN_RES, round_mixture_before_output_norm),), ("vllm",),
         ("properties/test_rounding_contracts.py::test_attn_res_rounds_only_where_its_code_says",)),
+    # a third, on SGLang's draft K/V writer: the norm's reciprocal root rounded to bf16
+    Fix("draft-kv-inv-bf16", "sglang", ((SGLANG_DRAFT_KV, round_inverse_rms_to_bf16),), ("sglang",),
+        ("properties/test_rounding_contracts.py::test_draft_kv_write_rounds_only_where_its_code_says",)),
+    Fix("draft-kv-control", "sglang", ((SGLANG_DRAFT_KV, comment_only(SGLANG_DRAFT_KV)),), ("sglang",), ()),
 )
 
 

@@ -11,6 +11,13 @@ typical case) hides it in its margin.
                                            add_capture: "float32 accumulation avoids rounding between taps"
                 finalize_projection        bf16(sum of the partials) then the norm in float32, rounded once:
                                            finalize_target_projection `projected.to(self.context_norm.weight.dtype)`
+    vllm        attn_res                   the new prefix rounded to storage once, the norms, scores, softmax and
+                                           mixture in float32, the output rounded once at its store
+                                           (ATTN_RES_CONTRACT_LINES)
+    sglang      draft K/V write            per head, the K norm in float32 from the GEMM's bf16 rows, rounded once
+                (fused_kv_norm_rope_write) before the RoPE (`k1 = k1.to(tl.bfloat16).to(tl.float32)`), the RoPE in
+                                           float32 on the float32 cos/sin table, rounded once at the store; V
+                                           stored as the GEMM left it, bitwise (DRAFT_KV_CONTRACT_LINES)
 
 K3N-006 owns the per-tap rounding (it is a known divergence where taps cancel): the contract includes it and
 still fails on any other. The contract's arithmetic is the entry's bug model (harness/ledger_models.py): one
@@ -27,8 +34,15 @@ import torch
 from hypothesis import given
 
 from k3num.engines import base
-from k3num.fixtures.builders import attn_res_inputs, projection_inputs
-from k3num.fixtures.strategies import AttnResCase, ProjectionCase, attn_res_cases, projection_cases
+from k3num.fixtures.builders import attn_res_inputs, draft_kv_inputs, projection_inputs
+from k3num.fixtures.strategies import (
+    AttnResCase,
+    DraftKVCase,
+    ProjectionCase,
+    attn_res_cases,
+    draft_kv_cases,
+    projection_cases,
+)
 from k3num.harness import ledger_models
 from k3num.harness.judges import EPS, OUT_EPS, up
 from k3num.harness.ledger_models import MARGIN
@@ -175,3 +189,81 @@ def test_attn_res_rounds_only_where_its_code_says(engine, case: AttnResCase) -> 
     assert n == 0, (f"{engine.name} {engine.version} {case}: attn_res rounds where its code does not say it does: "
                     f"{n} of {out.numel()} elements are not the nearest bf16 of the float32 mixture (worst {worst:.2f} "
                     f"ulp; contract lines: {VLLM_ATTN_RES})")
+
+
+SGLANG_DRAFT_KV = "sglang/kernels/ops/speculative/dspark/fused_kv_write.py"
+# SGLang's DSpark draft K/V writer (the Triton kernel after the K/V GEMM): the norm in float32, the normed K
+# rounded to bf16 once before the RoPE, the RoPE in float32, one rounding at the store; V stored as loaded
+DRAFT_KV_CONTRACT_LINES: dict[str, tuple[tuple[str, str], ...]] = {
+    "sglang": (
+        (SGLANG_DRAFT_KV, r"k = tl\.load\(row \+ h \* D \+ d_ar\)\.to\(tl\.float32\)"),
+        (SGLANG_DRAFT_KV, r"inv = 1\.0 / tl\.sqrt\(ms \+ EPS\)"),
+        (SGLANG_DRAFT_KV, r"k1 = tl\.load\(row \+ h \* D \+ off1\)\.to\(tl\.float32\) \* inv \* knw1"),
+        (SGLANG_DRAFT_KV, r"k1 = k1\.to\(tl\.bfloat16\)\.to\(tl\.float32\)"),
+        (SGLANG_DRAFT_KV, r"o1 = k1 \* cos - k2 \* sin"),
+        (SGLANG_DRAFT_KV, r"tl\.store\(k_buf \+ loc \* ks0 \+ h \* D \+ off1, o1\.to\(tl\.bfloat16\)\)"),
+        (SGLANG_DRAFT_KV, r"kp = tl\.load\(row \+ h \* D \+ pass_ar\)\.to\(tl\.float32\) \* inv \* knw_pass"),
+        (SGLANG_DRAFT_KV, r"tl\.store\(v_buf \+ loc \* vs0 \+ h \* D \+ d_ar, v\)"),
+    ),
+}
+
+
+def draft_k_rounded_at_its_two_points(kv: torch.Tensor, k_norm: torch.Tensor, positions: torch.Tensor,
+                                      table: torch.Tensor, rope, eps: float, num_layers: int,
+                                      width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(want, err) [L, N, KVH, D] float64: the draft K the contract allows, from the GEMM's rows `kv`
+    [N, L*2*W] (per layer [K | V]), the K norms [L, D] and the float32 cos/sin `table` [P, ROT]: the per-head
+    RMSNorm in float64 rounded to nearest bf16, then the RoPE on those values (the dims past ROT: the normed
+    value itself), before the store's one rounding. err: the float32 evaluation's first-order worst case
+    (the D-term mean square, its root and reciprocal, two products: ((D + 3) / 2 + 4) u relative; the
+    rotation's two products and a sum: 3 u of its terms), plus, where the normed value lies within its error
+    of a rounding midpoint, one ulp of it through the rotation (either neighbour is the contract's)."""
+    n, d = kv.shape[0], k_norm.shape[1]
+    x = kv.double().view(n, num_layers, 2, width // d, d)[:, :, 0].permute(1, 0, 2, 3)  # [L, N, KVH, D]
+    normed = x * (x.square().mean(dim=-1, keepdim=True) + eps).rsqrt() * k_norm.double()[:, None, None, :]
+    e_norm = MARGIN * ((d + 3) / 2 + 4) * U32 * normed.abs()
+    ulp = ledger_models._ulp_bf16(normed)
+    rn = normed.to(torch.bfloat16).double()
+    either = torch.where((ulp / 2 - (normed - rn).abs()).abs() <= e_norm, ulp, torch.zeros_like(ulp))
+    half = rope.rotary_dim // 2
+    i1 = torch.arange(half) if rope.style == "neox" else 2 * torch.arange(half)
+    i2 = i1 + half if rope.style == "neox" else i1 + 1
+    cos = table[positions, :half].double()[None, :, None, :]
+    sin = table[positions, half:rope.rotary_dim].double()[None, :, None, :]
+    a, b = rn[..., i1], rn[..., i2]
+    want, err = normed.clone(), e_norm.clone()
+    want[..., i1], want[..., i2] = a * cos - b * sin, b * cos + a * sin
+    spread = (a * cos).abs() + (b * sin).abs() + (b * cos).abs() + (a * sin).abs()
+    err[..., i1] = MARGIN * 3 * U32 * spread + either[..., i1] * cos.abs() + either[..., i2] * sin.abs()
+    err[..., i2] = MARGIN * 3 * U32 * spread + either[..., i2] * cos.abs() + either[..., i1] * sin.abs()
+    return want, err
+
+
+@given(case=draft_kv_cases())
+def test_draft_kv_write_rounds_only_where_its_code_says(engine, case: DraftKVCase) -> None:
+    """SGLang's draft K/V writer rounds the normed K to bf16 once before the RoPE and the roped K once at its
+    store, and stores V as the GEMM left it: its K is the nearest bf16 of the float64 RoPE of the nearest bf16
+    of the float64 norm (either neighbour where a value lies within the float32 evaluation's error of a
+    midpoint), its V bitwise the input rows. One more bf16 rounding (the norm's reciprocal root: harness/fixes.py
+    draft-kv-inv-bf16) moves many elements to the far neighbour."""
+    from k3num.engines.mirror.context_kv import rope_cache
+
+    contract(engine, DRAFT_KV_CONTRACT_LINES, "its draft K/V write")
+    write = engine.extras.get("draft_kv_write")
+    if write is None:
+        pytest.skip(f"{engine.name} {engine.version}: no draft_kv_write extra (the writer alone is not bound)")
+    inp = draft_kv_inputs(case, LOW, DEVICE)
+    width = case.kv_heads * case.head_dim
+    kv = torch.cat([torch.cat([torch.nn.functional.linear(inp.ctx, inp.k_weight[i]),
+                               torch.nn.functional.linear(inp.ctx, inp.v_weight[i])], dim=-1)
+                    for i in range(case.num_layers)], dim=-1).contiguous()  # the GEMM's rows, as the kernel gets them
+    k, v = write(kv, inp.k_norm, inp.positions, case.rope, EPS, case.num_layers, width)
+    table = rope_cache(case.rope, int(inp.positions.max()) + 1, torch.float32, "cpu")
+    want, err = draft_k_rounded_at_its_two_points(kv.cpu(), inp.k_norm.cpu(), inp.positions.cpu(), table, case.rope,
+                                                  EPS, case.num_layers, width)
+    n, worst = rounded_once_violations(k.cpu(), want, err)
+    raw_v = kv.view(case.tokens, case.num_layers, 2, case.kv_heads, case.head_dim)[:, :, 1].permute(1, 0, 2, 3)
+    assert torch.equal(v.cpu(), raw_v.cpu()), f"{engine.name} {engine.version} {case}: V is not stored as loaded"
+    assert n == 0, (f"{engine.name} {engine.version} {case}: the draft K/V write rounds where its code does not say "
+                    f"it does: {n} of {k.numel()} K elements are not the nearest bf16 of the RoPE of the once-rounded "
+                    f"norm (worst {worst:.2f} ulp; contract lines: {SGLANG_DRAFT_KV})")

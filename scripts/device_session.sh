@@ -16,9 +16,10 @@
 #   (OUT/tokens-*.log, OUT/impact*.md). K3NUM_TOKENS_PROFILE=1 adds the torch profiler's tables of sglang's DSpark
 #   step (OUT/tokens-profile.txt).
 #   `contract` runs the rounding contracts on cuda (properties/test_rounding_contracts.py: vLLM's AttnRes kernel
-#   natively, its approximate rsqrt and exp inside the float32 bound) under K3NUM_CONTRACT_PROFILE (nightly-1k) on
-#   the pinned files, then under ci on the planted mixture rounding (harness/fixes.py attn-res-mixture-bf16: must
-#   fail) and its control (must pass), each with its drift CSV's median rounding count. OUT/contract-*.log.
+#   natively, its approximate rsqrt and exp inside the float32 bound; SGLang's draft K/V writer) under
+#   K3NUM_CONTRACT_PROFILE (nightly-1k) on the pinned files, then under ci on the planted roundings (harness/fixes.py
+#   attn-res-mixture-bf16, draft-kv-inv-bf16: must fail) and their controls (must pass), each with its drift CSV's
+#   median rounding count. OUT/contract-*.log.
 #   `race7` checks K3N-007's bug model on the H200 at K3's hidden 7168 (the per-segment search beyond 8 segments):
 #   scripts/explain_attn_res_race.py on K3-shape cases (K3NUM_RACE7_CASES, ';'-separated), then the K3-shape repeat
 #   property on vllm-rocm at each pinned release (K3NUM_RACE7_PROFILE, default ci) and the in-place prefix property
@@ -172,22 +173,26 @@ if want contract; then
     echo "== rounding contracts on cuda"
     t0=$SECONDS
     timeout -s INT 240 python -m pytest properties/test_rounding_contracts.py properties/test_attn_res.py \
-        -k "rounds_only_where or within_rounding_budget_of_oracle" --engine vllm,tokenspeed --device cuda \
+        properties/test_draft_kv.py -k "rounds_only_where or within_rounding_budget_of_oracle" \
+        --engine vllm,tokenspeed,sglang --device cuda \
         -p no:cacheprovider -q -rfEsx --hypothesis-profile="${K3NUM_CONTRACT_PROFILE:-nightly-1k}" \
         --drift-csv "$out/contract-pinned.csv" > "$out/contract-pinned.log" 2>&1 || contract=1
     tail -n 4 "$out/contract-pinned.log"
-    for fid in attn-res-mixture-bf16 attn-res-control; do
+    # FIX:ENGINE:the pytest exit it must give (1: the contract fails; 0: the control passes)
+    for plant in attn-res-mixture-bf16:vllm:1 attn-res-control:vllm:0 draft-kv-inv-bf16:sglang:1 \
+                 draft-kv-control:sglang:0; do
+        fid=${plant%%:*} eng=${plant#*:}; want_rc=${eng#*:} eng=${eng%%:*}
         tree=$(python -c "import sys; from pathlib import Path; from k3num.harness import fixes; \
 print(fixes.patched_tree(fixes.by_id(sys.argv[1]), Path(sys.argv[2])))" "$fid" "$out/tree-$fid")
         timeout -s INT 120 python -m pytest properties/test_rounding_contracts.py properties/test_attn_res.py \
-            -k "rounds_only_where or within_rounding_budget_of_oracle" --engine vllm --engine-src "vllm=$tree" \
+            properties/test_draft_kv.py -k "rounds_only_where or within_rounding_budget_of_oracle" --engine "$eng" \
+            --engine-src "$eng=$tree" \
             --device cuda -p no:cacheprovider -q -rfEx --hypothesis-profile=ci --drift-csv "$out/contract-$fid.csv" \
             > "$out/contract-$fid.log" 2>&1
         rc=$?
         rm -rf "$out/tree-$fid"
         echo "$fid: pytest exit $rc" | tee -a "$out/contract-pinned.log"
-        if [ "$fid" = attn-res-control ] && [ "$rc" -ne 0 ]; then contract=1; fi
-        if [ "$fid" = attn-res-mixture-bf16 ] && [ "$rc" -ne 1 ]; then contract=1; fi
+        if [ "$rc" -ne "$want_rc" ]; then contract=1; fi
         grep -E "rounds where|passed|failed" "$out/contract-$fid.log" | head -n 3
     done
     python - "$out" <<'PY'

@@ -1,6 +1,7 @@
 """The rounding contracts (properties/test_rounding_contracts.py) catch one more bf16 rounding: TokenSpeed's running
 sum rounded per tap (harness/fixes.py accumulator-bf16) and vLLM's AttnRes mixture rounded before its output norm
-(attn-res-mixture-bf16) fail their contracts, outside every ledger entry, where their controls (a comment in the
+(attn-res-mixture-bf16) and SGLang's draft K/V writer rounding its norm's reciprocal root (draft-kv-inv-bf16) fail
+their contracts, outside every ledger entry, where their controls (a comment in the
 same file) pass; a contract line gone from a release is a contract error naming it."""
 
 from __future__ import annotations
@@ -57,6 +58,33 @@ def test_the_planted_attn_res_mixture_rounding_breaks_vllms_contract_and_not_the
     assert accuracy.returncode == 0, accuracy.stdout[-3000:]
     good = _run_vllm(fixes.patched_tree(fixes.by_id("attn-res-control"), tmp_path / "good"),
                      "attn_res_rounds_only_where_its_code_says or test_attn_res_within_rounding_budget_of_oracle")
+    assert good.returncode == 0, good.stdout[-3000:]
+
+
+def _run_sglang(tree: Path, k: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest", "properties/test_rounding_contracts.py",
+                           "properties/test_draft_kv.py", "-k", k, "--engine", "sglang", "--engine-src",
+                           f"sglang={tree}", "-q", "-p", "no:cacheprovider", "--hypothesis-profile=ci"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_the_planted_draft_kv_norm_rounding_breaks_sglangs_contract_and_not_the_accuracy_budget(
+        tmp_path: Path) -> None:
+    """A third planted rounding, on SGLang's draft K/V writer (the K norm's reciprocal root rounded to bf16:
+    harness/fixes.py draft-kv-inv-bf16): the writer's contract fails, outside every ledger entry, while the draft
+    K/V accuracy property's budget passes it; its control (a comment in the same file) passes both."""
+    if not fetch.verified_manifest("sglang"):
+        pytest.skip("sglang is not fetched")
+    bad = fixes.patched_tree(fixes.by_id("draft-kv-inv-bf16"), tmp_path / "bad")
+    contract = _run_sglang(bad, "draft_kv_write_rounds_only_where_its_code_says")
+    assert contract.returncode == 1 and "the draft K/V write rounds where its code does not say" in contract.stdout, \
+        contract.stdout[-3000:]
+    assert "xfail" not in contract.stdout.split("short test summary")[-1].lower()
+    accuracy = _run_sglang(bad, "test_draft_context_kv_within_rounding_budget_of_oracle")
+    assert accuracy.returncode == 0, accuracy.stdout[-3000:]
+    good = _run_sglang(fixes.patched_tree(fixes.by_id("draft-kv-control"), tmp_path / "good"),
+                       "draft_kv_write_rounds_only_where_its_code_says or "
+                       "test_draft_context_kv_within_rounding_budget_of_oracle")
     assert good.returncode == 0, good.stdout[-3000:]
 
 

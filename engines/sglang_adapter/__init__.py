@@ -128,9 +128,11 @@ def _engine(version: str, mode: str, real_ops: str, mod: Any, fkw: Any, pairs: A
                        "kv_transfer": sha("sglang/srt/disaggregation/mooncake/conn.py"),
                        **({"draft_kv_materialize": sha(FKM_PY)} if materializer is not None else {})},
         missing={s: NOT_YET for s in base.SUBJECTS if s not in subjects},
-        # the raw write kernel is for bench/engine_kernels.py (its bandwidth without the K/V GEMMs);
+        # the raw write kernel is for bench/engine_kernels.py (its bandwidth without the K/V GEMMs); draft_kv_write
+        # runs it on given K/V rows for the rounding contract (properties/test_rounding_contracts.py);
         # the eager path rounds the normed rows and the scores to bf16 before its softmax
         extras={"transfer_pairs": pairs, "fused_kv_norm_rope_write": fkw.fused_kv_norm_rope_write,
+                "draft_kv_write": _draft_kv_writer(fkw.fused_kv_norm_rope_write),
                 **({"kv_transfer": kv[0]} if kv[0] is not None else {"kv_transfer_missing": kv[1]}),
                 **({"draft_kv_materialize": _materialize_subject(materializer)} if materializer is not None else {}),
                 "logit_dtype": {base.ATTN_RES_MIX_EAGER: torch.bfloat16, base.ATTN_RES_MIX: _dispatched_logit_dtype,
@@ -236,13 +238,11 @@ def _draft_kv_subject(write: Any, kv_only: Any) -> Any:
     of the fused QKV weight, one GEMM) and `fused_kv_norm_rope_write` (Triton): per-head K RMSNorm,
     the normed K rounded to bf16, RoPE (either pairing, partial rotary), bf16 K and raw V rows written
     to per-layer pools at their slots; read back from the pools."""
+    write_rows = _draft_kv_writer(write)
 
     def draft_kv(ctx: torch.Tensor, k_weight: torch.Tensor, v_weight: torch.Tensor, k_norm: torch.Tensor,
                  positions: torch.Tensor, rope: Any, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        from k3num.engines.mirror.context_kv import rope_cache
-
         num_layers, width, _ = k_weight.shape
-        d, n = k_norm.shape[1], ctx.shape[0]
         per_layer = []
         for layer in range(num_layers):
             q_rows = torch.zeros_like(k_weight[layer])  # Q is sliced away by kv_proj_only, never computed
@@ -252,21 +252,38 @@ def _draft_kv_subject(write: Any, kv_only: Any) -> Any:
                 q_size=width, kv_size=width, v_scale=None)
             k, v = kv_only(attn, ctx)
             per_layer.append(torch.cat([k, v], -1))
-        kv = torch.cat(per_layer, -1).contiguous()  # [T, L * 2 * KV]
+        return write_rows(torch.cat(per_layer, -1).contiguous(), k_norm, positions, rope, eps, num_layers, width)
+
+    return draft_kv
+
+
+def _draft_kv_writer(write: Any) -> Any:
+    """`fused_kv_norm_rope_write` alone, on K/V rows given as the GEMM left them: (kv [N, L*2*W] bf16, per layer
+    [K | V], W = KVH*D; k_norm [L, D], positions [N], rope, eps, L, W) -> (k, v) [L, N, KVH, D], read back from
+    per-layer pools the kernel writes at slots 0..N-1; the cos/sin table is `rope_cache`'s float32 one (the
+    rounding contract, properties/test_rounding_contracts.py, reads the same table)."""
+
+    def write_rows(kv: torch.Tensor, k_norm: torch.Tensor, positions: torch.Tensor, rope: Any, eps: float,
+                   num_layers: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        from k3num.engines.mirror.context_kv import rope_cache
+
+        d, n = k_norm.shape[1], kv.shape[0]
         max_pos = int(positions.max()) + 1 if positions.numel() else 1
-        cache = rope_cache(rope, max_pos, torch.float32, ctx.device).contiguous()  # [P, ROT] = [cos | sin]
+        cache = rope_cache(rope, max_pos, torch.float32, kv.device).contiguous()  # [P, ROT] = [cos | sin]
         # the pools are left uninitialised (the poisoned-memory property fills them): every element is the kernel's
-        k_bufs = [torch.empty(n, width, dtype=torch.bfloat16, device=ctx.device) for _ in range(num_layers)]
-        v_bufs = [torch.empty(n, width, dtype=torch.bfloat16, device=ctx.device) for _ in range(num_layers)]
+        k_bufs = [torch.empty(n, width, dtype=torch.bfloat16, device=kv.device) for _ in range(num_layers)]
+        v_bufs = [torch.empty(n, width, dtype=torch.bfloat16, device=kv.device) for _ in range(num_layers)]
         meta = torch.tensor([[k.data_ptr(), v.data_ptr(), width, width] for k, v in zip(k_bufs, v_bufs)],
-                            dtype=torch.int64, device=ctx.device)
-        locs = torch.arange(n, device=ctx.device)
+                            dtype=torch.int64, device=kv.device)
+        locs = torch.arange(n, device=kv.device)
         write(kv, meta, k_norm.contiguous(), cache, positions, locs, num_layers, width, d, eps,
               is_neox_style=rope.style == "neox", rotary_dim=rope.rotary_dim)
         shape = (num_layers, n, width // d, d)
         return torch.stack(k_bufs).view(shape), torch.stack(v_bufs).view(shape)
 
-    return draft_kv
+    return write_rows
+
+
 def _materialize_subject(helper_cls: Any) -> Any:
     """DFlash's draft-KV writer, `FusedKVMaterializeHelper` (one GEMM over every layer's K/V rows, then
     the Triton `_fused_norm_rope_kernel_stacked`: per-head K RMSNorm, NeoX RoPE on the rotary part, K and

@@ -269,6 +269,17 @@ def layer0_norm_for_every_layer(text: str, path: str) -> str:
     return "".join(lines)
 
 
+def layer0_attention_for_every_context_write(text: str, path: str) -> str:
+    """Planted bug (a copy-paste slip in real code the TokenSpeed adapter used to replace): write_context_kv
+    takes layer 0's attention for every draft layer, so every layer's cache gets layer 0's projection, norm
+    and RoPE."""
+    lines = text.splitlines(keepends=True)
+    lo, hi = _method_lines(text, "write_context_kv", path)
+    i = _one(lines, lo, hi, r"^\s*attn = layer\.self_attn\s*$", path)
+    lines[i] = lines[i].replace("layer.self_attn", "self.layers[0].self_attn")
+    return "".join(lines)
+
+
 def comment_only(path: str) -> Edit:
     """A control: `path` with one comment line appended (the pinned code, other bytes)."""
     return lambda text, rel: text + "\n# k3num control: a comment, no code changed\n"
@@ -326,6 +337,9 @@ TREE_MUTANTS: tuple[Fix, ...] = (
     # real code the vLLM adapter used to build itself (issue 38): bound now, its slip must fail the fused path
     Fix("layer0-norm-weight", "vllm", ((VLLM_DSPARK, layer0_norm_for_every_layer),), ("vllm",),
         ("properties/test_context_kv.py",)),
+    # the same slip in TokenSpeed's context write, bound since the census listed it (real code the adapter replaced)
+    Fix("layer0-context-write", "tokenspeed", ((TOKENSPEED_MODEL, layer0_attention_for_every_context_write),),
+        ("tokenspeed",), ("properties/test_context_kv.py",)),
     Fix("unmasked-load", "vllm", ((VLLM_ATTN_RES, unmask_source_columns),), ("vllm",),
         ("properties/test_off_path_shapes.py::test_attn_res_off_path_shapes_within_budget_or_refused",
          "properties/test_poisoned_memory.py::test_attn_res_writes_every_output_element_and_nothing_outside_its_rows")),

@@ -60,3 +60,5 @@ def test_the_cpu_visible_kernel_mutants_are_caught(tmp_path: Path) -> None:
     assert "rocm-score-norm-block-d" in table
     # real code the adapter used to replace, now bound: every layer given layer 0's norm weight (issue 38)
     assert "layer0-norm-weight" in table
+    # the same slip in TokenSpeed's write_context_kv, bound once the census (harness/census.py) listed it
+    assert "layer0-context-write" in table

@@ -16,8 +16,10 @@ their modules' own globals (import mode: the real `apply_k_rope` and
 - `K3DSparkModel.project_target_hidden` is PROJECT_UNSHARDED.
 - `_context_tap_owner_layer` (which stage produces a target tap) is the `tap_owner` contract.
 - `K3DSparkAttention.project_latent_kv` (the KV rows of each draft layer's fused_qkv_a,
-  kv_a_layernorm on kv_c) then `apply_latent_rope` (k_pe rotated in place) make
-  CONTEXT_KV_UNFUSED: TokenSpeed projects context KV per layer without computing Q.
+  kv_a_layernorm on kv_c) then `apply_latent_rope` (k_pe rotated in place), driven by
+  `K3DSparkModel.write_context_kv` itself (its layer loop and its split of each row at
+  kv_lora_rank into the pool's two halves), make CONTEXT_KV_UNFUSED: TokenSpeed projects
+  context KV per layer without computing Q.
 Each stage's context_proj weight is the global weight's columns of its local taps,
 concatenated in local order, as `K3DSparkModel.load_weights` slices it under PP.
 Stand-ins, named in `real_ops`: `ReplicatedLinear` (torch linear in the weight
@@ -26,6 +28,7 @@ dtype) and TokenSpeed's `RMSNorm` layer (fp32 math, one rounding).
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any
 
@@ -49,6 +52,7 @@ BOUND = {
     (MODEL_PY, "_context_tap_owner_layer"): ("python", "2", "tap_owner"),
     (MODEL_PY, "K3DSparkAttention.project_latent_kv"): ("python", "1", "context_kv_unfused"),
     (MODEL_PY, "K3DSparkAttention.apply_latent_rope"): ("python", "1", "context_kv_unfused"),
+    (MODEL_PY, "K3DSparkModel.write_context_kv"): ("python", "1", "context_kv_unfused"),
     (MODEL_PY, "K3DSparkModel.project_target_hidden"): ("python", "3", "project_unsharded,project_unsharded_fc_norm"),
     (tokenspeed_kernels.SEGMENTED_PY, "segmented_rmsnorm"): ("python", "3", "segmented_rmsnorm"),
     (tokenspeed_kernels.SEGMENTED_PY, "_segmented_rmsnorm_kernel"): ("triton", "3", "segmented_rmsnorm"),
@@ -151,29 +155,42 @@ def build(src: fetch.Source, mode: str) -> base.Engine:
         owner = source.lift(model_py, "_context_tap_owner_layer", model_ns)
         latent_kv = source.lift(model_py, "K3DSparkAttention.project_latent_kv", model_ns)
         latent_rope = source.lift(model_py, "K3DSparkAttention.apply_latent_rope", model_ns)
+        got = source.signature_of(model_py, "K3DSparkModel.write_context_kv")
+        if got != ["self", "ctx_hidden", "positions", "cache_locs", "token_to_kv_pool"]:
+            raise source.SourceError(f"K3DSparkModel.write_context_kv signature changed: {got}")
+        write_context_kv = source.lift(model_py, "K3DSparkModel.write_context_kv", model_ns)
     except source.SourceError as e:
         raise EngineUnavailable(f"tokenspeed {PIN.version}: {e}") from e
 
     def context_kv(x: torch.Tensor, fused_w: torch.Tensor, norm: torch.Tensor, positions: torch.Tensor,
                    rope: Any, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per draft layer: project_latent_kv (KV rows of fused_qkv_a only, norm on kv_c), then
-        apply_latent_rope on the k_pe tail with the layer's fp32 cos/sin cache."""
+        """TokenSpeed's own `K3DSparkModel.write_context_kv` (lifted): per draft layer project_latent_kv (KV
+        rows of fused_qkv_a only, norm on kv_c), apply_latent_rope on the k_pe tail with the layer's fp32
+        cos/sin cache, then the pool's set_mla_kv_buffer with the row split at kv_lora_rank; the pool here
+        keeps what each layer was given (kv_c [N, kv_lora], k_pe [N, r]), in its layer order."""
         num_layers, width_all, _ = fused_w.shape
         kv_lora, r = norm.shape[1], rope.rotary_dim
         max_pos = int(positions.max()) + 1 if positions.numel() else 1
         rotary = types.SimpleNamespace(cos_sin_cache=rope_cache(rope, max_pos, torch.float32, x.device),
                                        is_neox_style=rope.style == "neox")
-        outs = []
+        layers = []
         for layer in range(num_layers):
             attn = types.SimpleNamespace(
                 kv_lora_rank=kv_lora, qk_rope_head_dim=r, q_lora_rank=width_all - kv_lora - r,
                 fused_qkv_a_proj_with_mqa=types.SimpleNamespace(weight=fused_w[layer]),
-                kv_a_layernorm=standins.RMSNorm(norm[layer], eps), rotary_emb=rotary,
+                kv_a_layernorm=standins.RMSNorm(norm[layer], eps), rotary_emb=rotary, attn_mqa=layer,
             )
-            latent = latent_kv(attn, x)
-            outs.append(latent_rope(attn, positions, latent))
-        out = torch.stack(outs)  # [L, N, kv_lora + r]
-        return out[..., :kv_lora], out[..., kv_lora:]
+            attn.project_latent_kv = functools.partial(latent_kv, attn)
+            attn.apply_latent_rope = functools.partial(latent_rope, attn)
+            layers.append(types.SimpleNamespace(self_attn=attn))
+        n = x.shape[0]
+        pool = _KeptRows(num_layers, n)
+        write_context_kv(types.SimpleNamespace(layers=layers), x, positions,
+                         torch.arange(n, dtype=torch.int64, device=x.device), pool)
+        if n == 0:  # write_context_kv returns before any layer: nothing to write
+            empty = x.new_empty((num_layers, 0, kv_lora + r))
+            return empty[..., :kv_lora], empty[..., kv_lora:]
+        return pool.stacked()
 
     def stage_partial(taps: torch.Tensor, fc: torch.Tensor, members: list[int]) -> torch.Tensor:
         if taps.dtype == torch.float64:
@@ -266,6 +283,31 @@ def build(src: fetch.Source, mode: str) -> base.Engine:
 KERNEL_OPS = ("real: tokenspeed-kernel apply_k_rope (the Triton kernel, or the CUDA rope.so where it loads: the mode "
               "note says which), set_mla_kv_buffer_triton, torch_attn_res_fwd, _segmented_rmsnorm_kernel; stand-in: "
               "ReplicatedLinear (torch linear), RMSNorm layer (fp32 math, one rounding)")
+
+
+class _KeptRows:
+    """The pool `write_context_kv` writes into, keeping each layer's (kv_c, k_pe) as given: one call per
+    layer (its `attn_mqa` is the layer's index), every location in order, no write mask."""
+
+    def __init__(self, num_layers: int, n: int) -> None:
+        self.rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.num_layers, self.n = num_layers, n
+
+    def set_mla_kv_buffer(self, layer: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
+                          write_mask: torch.Tensor | None = None) -> None:
+        if layer in self.rows:
+            raise AssertionError(f"write_context_kv wrote layer {layer} twice")
+        if write_mask is not None or not torch.equal(loc.cpu(), torch.arange(self.n)):
+            raise AssertionError("write_context_kv passed a write mask or other locations than it was given")
+        self.rows[layer] = (cache_k.clone(), cache_v.clone())
+
+    def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """kv_c [L, N, kv_lora], k_pe [L, N, r]; a layer never written is an error, not zeros."""
+        missing = [i for i in range(self.num_layers) if i not in self.rows]
+        if missing:
+            raise AssertionError(f"write_context_kv wrote no rows for layer(s) {missing}")
+        return (torch.stack([self.rows[i][0] for i in range(self.num_layers)]),
+                torch.stack([self.rows[i][1] for i in range(self.num_layers)]))
 
 
 class _Ops:

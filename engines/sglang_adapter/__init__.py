@@ -175,6 +175,7 @@ BOUND = {
     ("sglang/srt/models/dflash.py", "DFlashAttention.kv_proj_only"): ("python", "3", "draft_context_kv"),
     ("sglang/srt/disaggregation/utils.py", "build_transfer_entry_pairs"): ("python", "3", "transfer_pairs"),
     (FKM_PY, "FusedKVMaterializeHelper"): ("python", "3", "draft_kv_materialize"),
+    (FKM_PY, "FusedKVMaterializeHelper.materialize"): ("python", "3", "draft_kv_materialize"),
     (FKM_PY, "_fused_norm_rope_stacked"): ("python", "3", "draft_kv_materialize"),
     (FKM_PY, "_fused_norm_rope_kernel_stacked"): ("triton", "3", "draft_kv_materialize"),
 }

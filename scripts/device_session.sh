@@ -18,8 +18,9 @@
 #   `contract` runs the rounding contracts on cuda (properties/test_rounding_contracts.py: vLLM's AttnRes kernel
 #   natively, its approximate rsqrt and exp inside the float32 bound; SGLang's draft K/V writer) under
 #   K3NUM_CONTRACT_PROFILE (nightly-1k) on the pinned files, one pytest per engine under K3NUM_CONTRACT_TIMEOUT
-#   (240 s each: vLLM's contract alone takes about 126 s at nightly-1k on the H200, run 93), then under ci on the planted roundings (harness/fixes.py attn-res-mixture-bf16, draft-kv-inv-bf16:
-#   must fail) and their controls (must pass), each with its drift CSV's median rounding count.
+#   (240 s each: vLLM's contract alone takes about 126 s at nightly-1k on the H200, run 93), then under ci on
+#   the planted roundings (harness/fixes.py attn-res-mixture-bf16, draft-kv-inv-bf16: must fail) and their
+#   controls (must pass), each with its drift CSV's median rounding count.
 #   OUT/contract-pinned.log (the failures and summary lines of every run) and OUT/contract-*.csv.
 #   `race7` checks K3N-007's bug model on the H200 at K3's hidden 7168 (the per-segment search beyond 8 segments):
 #   scripts/explain_attn_res_race.py on K3-shape cases (K3NUM_RACE7_CASES, ';'-separated), then the K3-shape repeat

@@ -24,8 +24,9 @@ is to bind from the releases themselves, so that real code the adapters do not r
   SGLang's disaggregation transport...) are declared whole with their reason; only their bound
   functions count, and tests/test_coverage.py checks each exists.
 
-`k3num coverage --census` prints the function census as a table (engine, release, file, function,
-status, why).
+`k3num coverage --census` prints the counts per release and status, every `unbound` function and every
+K3 file on a path that is not pinned; `--format csv` the whole function census (engine, release, file,
+function, status, why).
 
 Shapes: none.
 """

@@ -29,6 +29,7 @@ SGLANG_DRAFT_KV = "sglang/kernels/ops/speculative/dspark/fused_kv_write.py"
 TOKENSPEED_MODEL = "tokenspeed/runtime/models/kimi_k3_dspark.py"
 TOKENSPEED_CONTEXT = "tokenspeed/runtime/execution/dspark_context.py"
 VLLM_DSPARK = "vllm/models/kimi_k3/nvidia/dspark_mla.py"
+ROCM_LINEAR = "vllm/models/kimi_k3/amd/linear.py"
 
 
 class FixError(RuntimeError):
@@ -250,12 +251,50 @@ def round_accumulator_per_tap(text: str, path: str) -> str:
     return "".join(lines)
 
 
+def rocm_tap_mixes_the_next_layer(text: str, path: str) -> str:
+    """K3N-001/002: ROCm's _maybe_add_hidden_state hands the prefix sum to the Eagle mixin whatever the stream flag
+    says. With VLLM_KIMI_K3_AUX_ATTN_RES_STREAM on, this taps what the NVIDIA path of the same release taps: the
+    AttnRes mixture of the layer that consumes the tap (capture id i + 1: layer i + 1's pre-attention weights over
+    its valid blocks; after the last layer on the last rank, the output mixture over every block of the bank), through
+    the file's own _apply_attn_res (no delta, no bank write). A non-final stage's end keeps the prefix: that is
+    K3N-003's disagreement, which this does not decide."""
+    lines = text.splitlines(keepends=True)
+    lo, hi = _method_lines(text, "_maybe_add_hidden_state", path)
+    i = _one(lines, lo, hi, r"^\s*if self\.config\.attn_res_block_size is not None:\s*$", path)
+    ind = re.match(r"^(\s*)", lines[i]).group(1)
+    body = [
+        "if (self.config.attn_res_block_size is not None and envs.VLLM_KIMI_K3_AUX_ATTN_RES_STREAM",
+        "        and residual is not None and layer_idx in self.aux_hidden_state_layers):  # k3num fix K3N-001/002",
+        "    mixing = None",
+        "    if layer_idx < self.end_layer:",
+        "        consumer = self.layers[layer_idx]",
+        "        mixing = (consumer.self_attention_res_proj, consumer.self_attention_res_norm,",
+        "                  consumer.prev_valid_blocks)",
+        "    elif get_pp_group().is_last_rank:",
+        "        mixing = (self.output_attn_res_proj, self.output_attn_res_norm, residual.shape[1])",
+        "    if mixing is not None:",
+        "        aux_hidden_states.append(_apply_attn_res(hidden_states, residual, *mixing))",
+        "        return aux_hidden_states",
+    ]
+    lines[i:i] = [f"{ind}{b}\n" for b in body]
+    return "".join(lines)
+
+
 def score_norm_by_padded_width(text: str, path: str) -> str:
     """Planted bug (a masked-lane slip, issue 37/38): ROCm's _attn_res_kernel divides each source's sum of
     squares by the padded block width BLOCK_D instead of hidden_size, so every hidden size that is not a power of
     two (K3's 7168 among them) gets another softmax. Inside K3N-007's file and tests, it is not K3N-007's race."""
     line = r"^\s*tl\.sum\(values \* values, axis=1\) \* \(1\.0 / hidden_size\) \+ eps\s*$"
     return _replace_in(text, path, "_attn_res_kernel", line, "(1.0 / hidden_size)", "(1.0 / BLOCK_D)")
+
+
+def score_without_source_rms(text: str, path: str) -> str:
+    """Planted bug (a second bug beside a known one, issue 37): ROCm's _attn_res_kernel scores each source by its
+    dot product with the score weight without the source's reciprocal RMS, so the softmax weighs sources by their
+    magnitude. The pinned ROCm tap never mixes (K3N-001: it returns the prefix), so the token properties on
+    vllm-rocm, the entry's, cannot see it; around K3N-001's fix (harness/around.py) they must."""
+    line = r"^\s*logits = tl\.sum\(values \* input_qk_weight\[None, :\], axis=1\) \* reciprocal_std\s*$"
+    return _replace_in(text, path, "_attn_res_kernel", line, ") * reciprocal_std", ")  # k3num planted")
 
 
 def layer0_norm_for_every_layer(text: str, path: str) -> str:
@@ -306,9 +345,16 @@ class Fix:
     tests: tuple[str, ...]  # pytest node ids (or files with -k in `select`)
     select: str = ""  # a -k expression
     gpu: bool = False  # the failure shows on a GPU only (a race): prove it there
+    # test functions of the entry's region that also run on the engine with this fix applied (harness/around.py),
+    # so a second bug there is judged plainly
+    around: tuple[str, ...] = ()
 
 
 FIXES: tuple[Fix, ...] = (
+    Fix("K3N-001/002", "vllm", ((ROCM_LINEAR, rocm_tap_mixes_the_next_layer),), ("vllm-rocm",),
+        ("properties/test_aux_tap.py::test_branch1_tap_mixes_with_the_next_layers_weights_and_blocks",
+         "properties/test_aux_tap.py::test_branch2_tap_on_the_last_rank_mixes_with_the_output_weights"),
+        around=("test_a_decided_token_never_flips", "test_a_block_without_a_near_tie_is_accepted_whole")),
     Fix("K3N-004/005", "vllm", ((VLLM_ATTN_RES, barrier_under_write_block), (ROCM_ATTN_RES, barrier_under_write_block)),
         ("vllm", "vllm-rocm"),
         ("properties/test_attn_res.py::test_a_block_written_in_the_call_is_mixed_with_its_written_value",), gpu=True),
@@ -380,6 +426,10 @@ FRESH: tuple[Fix, ...] = (
     Fix("accumulator-control", "tokenspeed", ((TOKENSPEED_CONTEXT, comment_only(TOKENSPEED_CONTEXT)),), ("tokenspeed",),
         ()),
     Fix("attn-res-control", "vllm", ((VLLM_ATTN_RES, comment_only(VLLM_ATTN_RES)),), ("vllm",), ()),
+    # a second bug on vllm-rocm, where K3N-001 owns the token properties: judged around K3N-001's fix
+    Fix("rocm-score-unnormalized", "vllm", ((ROCM_ATTN_RES, score_without_source_rms),), ("vllm-rocm+fix-K3N-001",),
+        ("properties/test_draft_tokens.py",)),
+    Fix("rocm-attn-res-control", "vllm", ((ROCM_ATTN_RES, comment_only(ROCM_ATTN_RES)),), ("vllm-rocm",), ()),
     # one more bf16 rounding on another engine and path than TokenSpeed's (issue 38): the rounding contract
     # holds vLLM's AttnRes to its stated roundings; the accuracy property's budget does not see it
     Fix("attn-res-mixture-bf16", "vllm", ((VLLM_ATTN_RES, round_mixture_before_output_norm),), ("vllm",),
@@ -413,9 +463,27 @@ def pinned_tree(engine: str, dest: Path) -> Path:
     return dest
 
 
+def patched_copy(fix: Fix, src: fetch.Source, dest: Path) -> Path:
+    """Copy the pinned files of the release `src` is from out of `src`'s tree (the cache, or a local tree such
+    as --engine-src's) into `dest` and apply `fix` there: the fix on top of whatever the tree already changes."""
+    missing = fetch.missing_files(src)
+    if missing:
+        raise FixError(f"{src.root} lacks {missing}")
+    if dest.exists():
+        shutil.rmtree(dest)
+    for rel in src.pin.files:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src.root / rel, dest / rel)
+    return _apply(fix, dest)
+
+
 def patched_tree(fix: Fix, dest: Path) -> Path:
     """Copy the engine's pinned files from the hash-checked cache into `dest` and apply `fix`."""
     pinned_tree(fix.engine, dest)
+    return _apply(fix, dest)
+
+
+def _apply(fix: Fix, dest: Path) -> Path:
     for rel, edit in fix.edits:
         path = dest / rel
         path.write_text(edit(path.read_text(), rel))

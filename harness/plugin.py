@@ -51,7 +51,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import InvalidArgument
 
 from k3num.engines import registry
-from k3num.harness import accounting, isolation, run, run_scope
+from k3num.harness import accounting, around, isolation, run, run_scope
 from k3num.harness import session_state as state
 from k3num.oracles import drift, ledger
 
@@ -364,9 +364,16 @@ def _uses_our_engine_fixture(metafunc: pytest.Metafunc) -> bool:
     return getattr(func, "__module__", None) == __name__ and getattr(func, "__name__", None) == "engine"
 
 
+def _checking(config: pytest.Config) -> bool:
+    """A side of `k3num check` (either form): the pairing tells known from new."""
+    return bool(config.getoption("--check-base", None) or config.getoption("--check-side", None))
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "engine" in metafunc.fixturenames and _uses_our_engine_fixture(metafunc):
         names = run_scope.engine_names(metafunc.config)
+        if not _checking(metafunc.config):  # a known divergence's region, judged around its fix too
+            names = names + around.variants(names, metafunc.function.__name__)
         metafunc.parametrize("engine", names, ids=names, indirect=True, scope="session")
     n = metafunc.config.stash[RUN].shards
     if n > 1 and "shard" in metafunc.fixturenames and metafunc.definition.get_closest_marker("shardable"):
@@ -408,8 +415,10 @@ def engine(request: pytest.FixtureRequest):
     """The engine under test (from --engine); unavailable engines skip with the reason."""
     ctx = request.config.stash[RUN]
     try:
+        if around.SEP in request.param:
+            return around.engine(request.param, ctx.sources, ctx.engine_mode)
         return registry.get(request.param, ctx.sources, ctx.engine_mode)
-    except registry.EngineUnavailable as e:
+    except (registry.EngineUnavailable, around.Unavailable) as e:
         pytest.skip(f"engine {request.param} unavailable: {e}")
 
 
@@ -738,12 +747,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     applies: dict[str, bool] = {}  # entry id -> its files are the pinned bytes here
     # k3num check (either form): the pairing tells known from new
-    checking = bool(config.getoption("--check-base", None) or config.getoption("--check-side", None))
+    checking = _checking(config)
     for item in ours:  # known divergences: strict xfail, so an upstream fix turns the case red
         callspec = getattr(item, "callspec", None)
         name = callspec.params.get("engine") if callspec else None
         if name is None:
             continue
+        param = name  # the engine object's name: the entries' key in the ledgered body
+        name, fix = around.split(name)  # a variant: the entries its fix does not edit apply as on its engine
         pin = PINS.get(name.split("-")[0])
         # the mode the engine's build takes here (ledger entries can be limited to modes)
         ctx = config.stash[RUN]
@@ -757,12 +768,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             h = getattr(getattr(item, "obj", None), "hypothesis", None)
             if found and h is not None and hasattr(h, "inner_test"):  # a failure its bug model rejects is new
                 h.inner_test = ledger_run.modelled(h.inner_test)
-                h.inner_test._k3num_model_entries[name] = found  # type: ignore[attr-defined]
+                h.inner_test._k3num_model_entries[param] = found  # type: ignore[attr-defined]
             continue
         # an entry applies while its files are the pinned bytes: a tree that changed one of them (a fix, a
         # patch) is judged plainly, a tree that changed only other files of the engine keeps the entry
         found = [d for d in found if pin is not None
                  and applies.setdefault(d.id, pinned_files(ctx.source(pin.engine), d.files))]
+        if fix is not None:
+            found = around.unfixed_entries(fix, found)
         # a user's checkpoint hits an entry or not, decided once from its config and scales
         by_ckpt = [d for d in found if ledger_cases.CHECKPOINT_RULES.get(d.id, None) is not None
                    and ledger_cases.CHECKPOINT_RULES[d.id].test == test]
@@ -783,7 +796,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # the entries cover the cases their rules name; the others are judged plainly, and each
             # reproducer is a strict case (properties/test_ledger_reproducers.py; harness/ledger_run.py)
             h.inner_test = ledger_run.ledgered(h.inner_test)
-            h.inner_test._k3num_entries[name] = found  # type: ignore[attr-defined]
+            h.inner_test._k3num_entries[param] = found  # type: ignore[attr-defined]
         else:  # no case rule: the whole test is the entry's, strictly
             entry = found[0]
             item.add_marker(pytest.mark.xfail(strict=True, reason=f"{entry.id} ({entry.upstream}): {entry.what}"))

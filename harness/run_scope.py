@@ -103,5 +103,7 @@ def shares_its_gpu(config: pytest.Config) -> bool:
 
 def bound_engines() -> dict[str, str]:
     """name -> 'name version: mode (note)' of every engine this process built, the mirror included."""
+    from k3num.harness import around
+
     return {e.name: f"{e.name} {e.version}: {e.mode}" + (f" ({e.mode_note})" if e.mode_note else "")
-            for e in registry.built()}
+            for e in registry.built() + around.built()}

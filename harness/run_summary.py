@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from k3num.engines import registry
-from k3num.harness import accounting, scaleout
+from k3num.harness import accounting, around, scaleout
 from k3num.harness import session_state as state
 from k3num.harness.run_scope import bound_engines, engine_names, is_controller, ours, own_path
 from k3num.oracles.drift import SM100_NOTE, covers_vllm_attn_res, summarize
@@ -174,7 +174,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     bound = config.stash.get(state.BOUND, {}) if is_controller(config) else bound_engines()
     if book.account:
         tw.line("engines (how each was bound: tests run, skipped, known divergences):")
-        for line in accounting.engine_lines(outcomes, bound, engine_names(config)):
+        shown = engine_names(config) + sorted(n for n in bound if around.SEP in n)  # the variants built (around.py)
+        for line in accounting.engine_lines(outcomes, bound, shown):
             tw.line(f"  {line}")
     for name, why in config.stash.get(state.EMPTY, []):
         tw.line(f"ERROR: engine {name} was asked for and ran no test: {why}", red=True)

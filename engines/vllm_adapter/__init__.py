@@ -305,8 +305,9 @@ def build_rocm(src: fetch.Source, mode: str) -> base.Engine:
     missing: dict[str, str] = {}
     _bind("rocm:" + base.ATTN_RES, root, lambda: _load_amd_attn_res(root / AMD_ATTN_RES_PY, interpret), bound,
           missing)
-    _bind("rocm:" + base.AUX_CAPTURE, root, lambda: _bind_rocm_capture(root / AMD_LINEAR_PY), bound, missing)
     kernel = bound.get(base.ATTN_RES)
+    _bind("rocm:" + base.AUX_CAPTURE, root, lambda: _bind_rocm_capture(root / AMD_LINEAR_PY, kernel=kernel), bound,
+          missing)
     _bind("rocm:pp_taps", root, lambda: pp_forward.bind(root, kernel, "rocm"), bound, missing)
     subjects = {s: f for s, f in bound.items() if s in base.SUBJECTS}
     if not subjects:

@@ -63,6 +63,9 @@ def test_no_module_imports_a_test_module() -> None:
 # state (a per-process cache of values that do not depend on the run, or the process's installed context).
 _PROCESS_STATE = {
     "harness/run.py:_PROCESS": "the context the plugin installed in this process (run.install, once per process)",
+    "harness/around.py:_BUILT": "the variant engines built in this process, keyed by (variant, tree, mode) as "
+                                "engines/registry.py's engine cache is: a run with another tree or mode builds its own",
+    "harness/around.py:_TREES": "the fixed copies those engines read, held so they live until the process ends",
 }
 _MUTATORS = ("append", "add", "update", "setdefault", "pop", "popitem", "clear", "extend", "insert", "remove",
              "discard", "__setitem__")

@@ -74,6 +74,23 @@ OFF_PATH_FILES: tuple[FileRule, ...] = (
     FileRule("vllm", "vllm/models/kimi_k3/nvidia/ops/vision_fa4_warmup.py", "the vision tower's warm-up"),
     FileRule("vllm", "vllm/models/kimi_k3/nvidia/ops/recoverssm.py", "KDA state recovery on rejection"),
     FileRule("vllm", "vllm/models/kimi_k3/nvidia/recoverssm/*", "KDA state recovery on rejection"),
+    # the specialized decode's DSpark drafter (0.34.0), before the fused target decode's rule below
+    FileRule("vllm", "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/model.py",
+             "UNBOUND, on path 3 (0.34.0): the specialized DSpark drafter; its context_proj (the taps' projection, "
+             "5 x 7168 -> 7168) is column-parallel with an all-gathered output at TP > 1 instead of replicated; "
+             "needs TP ranks (gloo) against the replicated projection and vLLM's ColumnParallelLinear loader"),
+    FileRule("vllm", "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/markov.py",
+             "UNBOUND, after path 3 (0.34.0): the k Markov draft steps fused into Triton launches; the draft "
+             "step has no Markov bias to judge them against yet"),
+    FileRule("vllm", "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/linears.py",
+             "UNBOUND, on paths 1 and 3 (0.34.0): every BF16 drafter linear (kv_a_proj_with_mqa and context_proj "
+             "among them) on the CuTe-DSL warp split-K GEMM (cutedsl/gemm: SM100), cuBLAS otherwise; the "
+             "summation order changes, the single bf16 rounding does not"),
+    FileRule("vllm", "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/comm.py",
+             "the drafter's TP collectives on multicast symmetric memory (Lamport mailboxes): the context "
+             "projection's all-gather among them (model.py's row); NCCL's all-gather where they are not built"),
+    FileRule("vllm", "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/attention.py",
+             "the draft block's folded MLA decode attention: it reads the context KV cache, after path 1's write"),
     FileRule("vllm", "vllm/models/kimi_k3/*/specialized_decode/*",
              "the fused target decode (CuTe-DSL on SM100, a ROCm monolith): its AttnRes stage is coverage's "
              "'CuTe-DSL AttnRes decode' row (SM100 only)"),

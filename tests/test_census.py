@@ -103,6 +103,19 @@ def test_a_new_k3_file_is_unlisted_and_a_declared_one_says_why() -> None:
     assert census.file_status("vllm", DSPARK, fetch.PINS["vllm"].files)[0] == "pinned"
 
 
+def test_the_drafters_path_files_are_not_declared_as_the_fused_target_decode() -> None:
+    """0.34.0's specialized DSpark drafter lives under specialized_decode/ like the fused target decode, but its
+    model.py holds path 3's column-parallel context projection and markov.py the fused Markov steps: the first
+    matching file rule must say UNBOUND for them, never the target decode's "off-path" reason."""
+    drafter = "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/"
+    for name, path in (("model.py", "path 3"), ("linears.py", "paths 1 and 3"), ("markov.py", "after path 3")):
+        status, why = census.file_status("vllm", drafter + name, ())
+        assert status == "declared" and why.startswith(f"UNBOUND, {path if path.startswith('after') else 'on ' + path}"), \
+            (name, why)
+    _, why = census.file_status("vllm", "vllm/models/kimi_k3/nvidia/specialized_decode/cutedsl/moe/tail.py", ())
+    assert "fused target decode" in why
+
+
 def test_a_stub_is_declared_as_having_no_code() -> None:
     tree = ast.parse("class P:\n    def a(self):\n        ...\n    def b(self):\n        '''doc'''\n"
                      "    def c(self):\n        raise NotImplementedError\n    def d(self):\n        return 1\n")

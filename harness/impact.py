@@ -44,8 +44,8 @@ the step's inputs the way it reaches a deployment, or the call a caller would ma
 wrong stream, taps whose projections cancel through the sharded sum, a draft checkpoint through vLLM's merged
 loader, a bank row written inside the mix, a bank one block short, a layer input the kernel leaves unwritten or a
 race corrupts, an FP8 cache with a zero scale), one row per drafter and role (the case, and a control through
-what the entry lacks) with the counts, a severity and a note. A race runs on a GPU only, K3N-014 with vLLM's
-built ops: elsewhere their rows say why they did not run. Exit 0 when it ran, 2 when it could not.
+what the entry lacks) with the counts, a severity and a note. A race runs on a GPU only, the FP8 cache's case
+with vLLM's built ops: elsewhere their rows say why they did not run. Exit 0 when it ran, 2 when it could not.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ from typing import Any
 import pandas as pd
 
 from k3num.fixtures.strategies import DraftStepCase
+from k3num.harness import token_cases
 from k3num.oracles import tokens
 
 CHANGES, NEAR_TIES, NONE = "changes decided tokens", "near-ties only", "no token changes"
@@ -178,7 +179,7 @@ def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device
     mirror = registry.get("mirror")
     rows = []
     # an engine whose token property a known divergence owns runs once more with the entry's fix applied, so a
-    # second bug there is judged plainly (harness/around.py; vllm-rocm around K3N-001)
+    # second bug there is judged plainly (harness/around.py: a fix's `around`)
     for name in engines + around.variants(engines, TOKEN_TEST):
         try:
             engine = (around.engine(name, sources, mode) if around.SEP in name
@@ -253,157 +254,17 @@ def _aggregate(name: str, kind: str, results: list[Any], ledger: str = "") -> di
 
 # --- the ledger's entries through the step (`--ledger`) -------------------------------------------------
 #
-# Each entry's case class, run through the draft step on the entry's engine: the divergence the entry files,
-# made to reach the step's inputs the way it reaches a deployment's (the tap of the wrong stream, a projection
-# whose taps cancel, weights through the merged loader), or the reason it does not reach the step here.
+# Each entry's case class (harness/token_cases.py, named by the entry's record), run through the draft step on
+# the entry's engine, or the reason it does not reach the step here.
 
-NOT_THE_STEP = "not exercised by the draft step: "
-# the entries whose case class is a race (harness/impact_kernels.py): run on a GPU only
-RACES = ("K3N-004", "K3N-005", "K3N-007")
-NO_RACE_ON_CPU = ("not run on cpu: a race, and the Triton interpreter runs a kernel's programs one after another "
-                  "(run with --device cuda)")
-NO_OPS = "not run: vLLM's compiled FP8 insert is not built here (`k3num build-ops` on a CUDA GPU)"
+NOT_THE_STEP, NO_RACE_ON_CPU, NO_OPS = token_cases.NOT_THE_STEP, token_cases.NO_RACE_ON_CPU, token_cases.NO_OPS
 
 
-def _split_tap(owner: Any, mirror: Any, case: Any) -> Any:
-    """K3N-003's case class: the target split into two PP stages after its middle tap's layer. That tap is taken
-    at the end of the first stage, a non-final one, through `owner`'s aux tap (branch 3: the ROCm tap there
-    returns the prefix). Every other tap goes through the mirror, so K3N-001/002 do not enter. The reference
-    and the noise floor take the split tap as the next stage reads it: the mixture with layer i + 1's weights,
-    the one-stage value (properties/test_aux_tap.py `test_a_stage_end_tap_taken_by_the_next_stage_...`)."""
-    from k3num.engines import base
+def races() -> tuple[str, ...]:
+    """The entries whose case class is a race (harness/impact_kernels.py): run on a GPU only."""
+    from k3num.oracles import ledger
 
-    layers = case.tap_layers()
-    split = layers[len(layers) // 2]
-    at_end, elsewhere = owner.subject(base.AUX_CAPTURE), mirror.subject(base.AUX_CAPTURE)
-
-    def tap(layer: int, prefix: Any, pending: Any, bank: Any, **kw: Any) -> Any:
-        if layer == split:
-            return at_end(layer, prefix, pending, bank, **{**kw, "end_layer": layer + 1, "is_last_rank": False})
-        return elsewhere(layer, prefix, pending, bank, **kw)
-
-    return tap
-
-
-def _cancelling(inp: Any, case: Any) -> Any:
-    """K3N-006's case class: taps 0 and 1 equal, and tap 1's column block of the projection minus tap 0's plus 1%
-    relative noise, so their projections cancel to about a hundredth of each."""
-    import dataclasses as dc
-
-    import torch
-
-    h = case.hidden
-    taps = torch.stack([inp.tap_states[0][0]] * 2 + [s[0] for s in inp.tap_states[2:]])
-    fc = inp.fc.clone()
-    g = torch.Generator().manual_seed(case.seed)
-    noise = torch.randn(fc[:, :h].shape, generator=g, dtype=torch.float64) * 0.01
-    fc[:, h:2 * h] = (-fc[:, :h].double() * (1 + noise.to(fc.device))).to(fc.dtype)
-    return dc.replace(inp, fc=fc, given_taps=taps)
-
-
-def _sharded_projection(engine: Any) -> Any:
-    """The unsharded projection's signature through the engine's sharded path: each tap on its own stage, the
-    partials summed in fp32 in stage order, the norm once (TokenSpeed's project_target_tap and
-    finalize_target_projection)."""
-    import torch
-
-    from k3num.engines import base
-
-    partial, finalize = engine.subject(base.STAGE_PARTIAL), engine.subject(base.FINALIZE_PROJECTION)
-
-    def project(taps: Any, fc: Any, norm: Any, eps: float) -> Any:
-        parts = [partial(taps, fc, [i]) for i in range(taps.shape[0])]
-        return finalize(parts, norm, eps, torch.float32, list(range(len(parts))))
-
-    return project
-
-
-def _merged_loader_fp8(engine: Any, who: str) -> tuple[Any, Any]:
-    """K3N-011's case class: (inputs hook, subjects hook). Each draft layer's kv_a_proj_with_mqa quantized to
-    block FP8 on its own; the reference and the noise floor read the per-layer dequantized weights, the
-    engine's fused context KV the merged weight vLLM's loader builds from the same shards."""
-    import dataclasses as dc
-
-    import torch
-
-    from k3num.engines import base
-    from k3num.fixtures.checkpoint import kv_name
-    from k3num.refmodel import quant
-
-    state: dict[str, Any] = {}
-
-    def inputs(inp: Any, case: Any) -> Any:
-        layers, width, hidden = inp.kv_a.shape
-        shards = [quant.quantize_fp8_block(inp.kv_a[layer].double().cpu()) for layer in range(layers)]
-        stream = [(kv_name(layer, p), t) for layer, (w, s) in enumerate(shards)
-                  for p, t in (("weight", w), ("weight_scale_inv", s))]
-        duplicated = engine.extras["weight_loading"].duplicate(iter(stream), layers)
-        merged_in = [(n.rsplit(".", 1)[-1], t) for n, t in duplicated if n.startswith("context_kv_proj.")]
-        weight, scale = engine.extras["block_fp8_loading"](merged_in, layers, (quant.FP8_BLOCK, quant.FP8_BLOCK))
-        state["merged"] = quant.dequantize_fp8_block(weight, scale).view(layers, width, hidden).to(inp.kv_a)
-        per_layer = torch.stack([quant.dequantize_fp8_block(w, s) for w, s in shards]).to(inp.kv_a)
-        return dc.replace(inp, kv_a=per_layer)
-
-    def subjects(fused: Any) -> dict[str, Any]:
-        return {base.CONTEXT_KV_FUSED: (lambda x, kv_a, *rest: fused(x, state["merged"], *rest),
-                                        f"{who}(vLLM's merged block-FP8 weight)")}
-
-    return inputs, subjects
-
-
-def _merged_loader_nvfp4(engine: Any, who: str) -> tuple[Any, Any]:
-    """K3N-012's case class: each layer quantized to NVFP4 on its own (compressed-tensors, its own global scale);
-    the engine's context KV reads the merged weight vLLM's loader builds (one global scale kept for all)."""
-    import dataclasses as dc
-
-    import torch
-
-    from k3num.engines import base
-    from k3num.refmodel import quant
-
-    state: dict[str, Any] = {}
-    names = ("weight_packed", "weight_scale", "weight_global_scale")
-
-    def inputs(inp: Any, case: Any) -> Any:
-        layers, width, hidden = inp.kv_a.shape
-        shards = [quant.quantize_nvfp4(inp.kv_a[layer].double().cpu() * (1 + layer), naming="compressed-tensors")
-                  for layer in range(layers)]
-        tensors = []
-        for layer in range(layers):
-            for name in names:
-                t = shards[layer][name].detach().clone()
-                t.shard_id = layer
-                tensors.append((name, t))
-            t = torch.ones(1)
-            t.shard_id = layer
-            tensors.append(("input_global_scale", t))
-        got = engine.extras["nvfp4_loading"](tensors, layers)
-        deq = quant.dequantize_nvfp4_modelopt(got["weight"], got["weight_scale"], got["weight_multiplier"])
-        state["merged"] = deq.view(layers, width, hidden).to(inp.kv_a)
-        per_layer = torch.stack([quant.dequantize_nvfp4_modelopt(
-            s["weight_packed"], s["weight_scale"], (1.0 / s["weight_global_scale"]).to(torch.float32)) for s in shards])
-        return dc.replace(inp, kv_a=per_layer.to(inp.kv_a))
-
-    def subjects(fused: Any) -> dict[str, Any]:
-        return {base.CONTEXT_KV_FUSED: (lambda x, kv_a, *rest: fused(x, state["merged"], *rest),
-                                        f"{who}(vLLM's merged NVFP4 weight)")}
-
-    return inputs, subjects
-
-
-def _transferred(engine: Any, t: Any) -> Any:
-    """K3N-013's case class: the DFlash draft's context K/V (the engine's path 3) written to a prefill's paged
-    caches, carried to the decode by the engine's released sender plan, and read back there
-    (harness/transfer_memory.py); the decode's draft attends over what it reads."""
-    from k3num.engines import base
-    from k3num.harness import transfer_memory
-
-    draft_kv = engine.subject(base.DRAFT_CONTEXT_KV)
-
-    def subject(*args: Any) -> Any:
-        return transfer_memory.transferred(t, engine.extras["kv_transfer"], *draft_kv(*args))
-
-    return subject
+    return tuple(d.id for d in ledger.LEDGER if d.race)
 
 
 def ledger_table(n: int, seed: int, device: str, sources: dict[str, Path], mode: str, entries: list[str] | None = None,
@@ -417,7 +278,7 @@ def ledger_table(n: int, seed: int, device: str, sources: dict[str, Path], mode:
     mirror = registry.get("mirror")
     rows: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:  # the fixed trees the race controls read
-        for d in sorted(ledger.LEDGER, key=lambda e: e.id):  # K3N-010 before K3N-012, as the ids read
+        for d in sorted(ledger.LEDGER, key=lambda e: e.id):  # in the ids' order, not the ledger's
             if entries is None or d.id in entries:
                 _entry_rows(d, n, seed, device, sources, mode, mirror, rows, stack, log)
     return pd.DataFrame(rows)
@@ -432,141 +293,23 @@ def check_entries(entries: list[str]) -> None:
         raise ValueError(f"no ledger entry {', '.join(unknown)}; known: {', '.join(d.id for d in ledger.LEDGER)}")
 
 
-def _fixed_engine(entry: str, name: str, sources: dict[str, Path], mode: str, stack: Any) -> tuple[Any, str]:
-    """(engine `name` read from a copy of its files with the entry's fix applied (harness/fixes.py), None) or
-    (None, why not). The copy lives as long as `stack`. A local tree given for the pin is not what the fix
-    patches: the control then does not run."""
-    import tempfile
-
-    from k3num.engines import registry
-    from k3num.harness import fixes
-
-    fix = next((f for f in fixes.FIXES if entry in f.id.replace("/", "/K3N-").split("/")), None)
-    if fix is None:
-        return None, f"not run: no fix for {entry} in harness/fixes.py"
-    if fix.engine in sources:
-        return None, f"not run: --engine-src {fix.engine} is given, and the fix patches the pinned files"
-    try:
-        tree = fixes.patched_tree(fix, Path(stack.enter_context(tempfile.TemporaryDirectory())) / "fixed")
-        return registry.build(name, {**sources, fix.engine: tree}, mode), ""
-    except (fixes.FixError, registry.EngineUnavailable) as e:
-        return None, f"not run: the fixed {name} ({e})"[:300]
-
-
 def _entry_rows(d: Any, n: int, seed: int, device: str, sources: dict[str, Path], mode: str, mirror: Any,
                 rows: list[dict[str, Any]], stack: Any, log: Any) -> None:
-    """`ledger_table`'s rows of entry `d`, appended to `rows`."""
-    import dataclasses as dc
-
-    from k3num.engines import base, registry
+    """`ledger_table`'s rows of entry `d`, appended to `rows`: its case class's plan (harness/token_cases.py), run."""
+    from k3num.engines import registry
     from k3num.fixtures.builders import draft_step_inputs
     from k3num.harness import draft_step
-    from k3num.harness import impact_kernels as kernels
     from k3num.harness.judges import LOW
 
-    # (role, kind, case transform, (inputs hook (inp, case), subjects hook (case)) | None)
-    plan: list[tuple[str, str, Any, Any]] = []
-    counts: dict[tuple[str, str], Any] = {}  # (role, kind) -> (impact_kernels.Calls, a race?)
-    shown: dict[str, str] = {}  # role -> the engine whose subject the row's case runs, where not the entry's
     try:
         engine = registry.get(d.engine, sources, mode)
     except registry.EngineUnavailable as e:
         rows.append({"entry": d.id, "role": "case", "engine": d.engine,
                      "severity": f"not run: {d.engine} unavailable ({e})"[:300]})
         return
-    both = ("dspark", "dflash")
-    if d.id == "K3N-001":
-        plan = [("case", k, lambda c: c, None) for k in both]
-    elif d.id == "K3N-002":
-        plan = [("case", k, lambda c: dc.replace(c, last_tap=True), None) for k in both]
-    elif d.id == "K3N-003":
-        # the control: the same call through TokenSpeed's tap, which takes a stage end's tap where the next
-        # stage's weights are (properties/test_aux_tap.py: it passes the stage-end property)
-        owners = [("case", engine, f"{engine.name} at a non-final stage's end")]
-        try:
-            ts = registry.get("tokenspeed", sources, mode)
-            owners.append(("control", ts, f"{ts.name} at a non-final stage's end"))
-            shown["control"] = ts.name
-        except registry.EngineUnavailable as e:
-            rows.append({"entry": d.id, "role": "control", "engine": "tokenspeed",
-                         "severity": f"not run: tokenspeed unavailable ({e})"[:300]})
-        for role, owner, label in owners:
-            plan += [(role, k, lambda c: c, (lambda inp, case: inp, lambda case, _o=owner, _l=label: {
-                base.AUX_CAPTURE: (_split_tap(_o, mirror, case), _l)})) for k in both]
-    elif d.id == "K3N-006":
-        # the control: the same cancelling taps through one projection GEMM (the unsharded path)
-        one = engine if engine.provides(base.PROJECT_UNSHARDED) else mirror
-        for role, subject in (("case", (_sharded_projection(engine), "engine(sharded sum)")),
-                              ("control", (one.subject(base.PROJECT_UNSHARDED), f"{one.name}(one GEMM)"))):
-            plan += [(role, k, lambda c: dc.replace(c, taps=max(c.taps, 2)),
-                      (_cancelling, lambda case, _s={base.PROJECT_UNSHARDED: subject}: _s)) for k in both]
-    elif d.id in ("K3N-011", "K3N-012"):
-        owner = engine if engine.provides(base.CONTEXT_KV_FUSED) else mirror  # the loader is the engine's
-        fused = owner.subject(base.CONTEXT_KV_FUSED)
-        hooks = (_merged_loader_fp8 if d.id == "K3N-011" else _merged_loader_nvfp4)(
-            engine, "engine" if owner is engine else "mirror")
-        if d.id == "K3N-011":
-            # the K3 width: 576 rows per layer (4.5 blocks of 128) and three layers, the middle one misplaced
-            # (with two layers vLLM's loader raises instead: the second shard's scales overrun); the control:
-            # 512 rows, whole blocks, which load right
-            shapes = [("case", {"kv_lora": 576 - 8, "num_layers": 3}),
-                      ("control", {"kv_lora": 512 - 8, "num_layers": 3})]
-        else:
-            shapes = [("case", {"num_layers": 2})]
-        plan = [(role, "dspark", lambda c, _s=shape: dc.replace(c, **_s),
-                 (hooks[0], lambda case, _f=fused, _h=hooks: _h[1](_f))) for role, shape in shapes]
-    elif d.id == "K3N-013":
-        from k3num.harness.transfer_memory import Transfer
-
-        # K3's DFlash draft: 8 KV heads; a prefill at attention TP 4 (2 heads a rank) and a decode at TP 8
-        # (1 a rank), pages 4 tokens, prefill page p to decode page p + 2 (seed 003); the control: both TP 8
-        for role, t in (("case", Transfer(4, 8, 4)), ("control", Transfer(8, 8, 4))):
-            subject = (_transferred(engine, t), f"engine(+ its transfer {t.label()})")
-            plan.append((role, "dflash", lambda c: dc.replace(c, kv_heads=8, num_heads=8),
-                         (lambda inp, case: inp, lambda case, _s={base.DRAFT_CONTEXT_KV: subject}: _s)))
-    elif d.id in RACES + ("K3N-009", "K3N-010"):
-        if d.id in RACES and device == "cpu":
-            rows.append({"entry": d.id, "role": "case", "engine": d.engine, "severity": NO_RACE_ON_CPU})
-            return
-        # at least two taps, so one mixes >= 2 blocks; the races at their reproducers' hidden sizes
-        wide = {"K3N-004": 32, "K3N-005": 32, "K3N-007": 128}.get(d.id)
-        fixed = None
-        if d.id in RACES:  # the control: the same calls on the kernel with the ledger's fix (harness/fixes.py)
-            fixed, why = _fixed_engine(d.id, d.engine, sources, mode, stack)
-            if fixed is None:
-                rows.append({"entry": d.id, "role": "control", "engine": d.engine, "severity": why})
-            else:
-                shown["control"] = f"{d.engine} + fix"
-        for kind in both:
-            if d.id in RACES:
-                make = kernels.raced_layer_input if d.id == "K3N-007" else kernels.written_in_the_mix
-                roles = [(role, make(e, mirror, kernels.RACE_REPEATS))
-                         for role, e in (("case", engine), ("control", fixed)) if e is not None]
-            else:  # the control: the same kernel call over the bank sized right
-                roles = [("case", kernels.bank_one_block_short(engine, mirror)),
-                         ("control", kernels.bank_one_block_short(engine, mirror, short=False))]
-            for role, (inputs, subjects, count) in roles:
-                plan.append((role, kind, lambda c, _w=wide: dc.replace(c, taps=max(c.taps, 2),
-                                                                      hidden=_w or c.hidden),
-                             (inputs, subjects)))
-                counts[(role, kind)] = (count, d.id in RACES)
-    elif d.id == "K3N-008":
-        for kind in both:  # the control: hidden 1024, where the fused path writes every element
-            for role, hidden in (("case", None), ("control", 1024)):
-                inputs, subjects, count = kernels.unwritten_layer_input(engine, mirror)
-                plan.append((role, kind, lambda c, _h=hidden: dc.replace(c, hidden=_h or c.hidden), (inputs, subjects)))
-                counts[(role, kind)] = (count, False)
-    elif d.id == "K3N-014":
-        if not engine.extras.get("context_kv_ops") or not engine.real_ops:
-            rows.append({"entry": d.id, "role": "case", "engine": d.engine, "severity": NO_OPS})
-            return
-        plan = [(role, "dspark", lambda c: c, (lambda inp, case: inp, kernels.through_an_fp8_cache(engine, bad)))
-                for role, bad in (("case", 1), ("control", None))]
-    else:
-        rows.append({"entry": d.id, "role": "case", "engine": d.engine,
-                     "severity": NOT_THE_STEP + "no case class for it yet"})
-        return
-    for role, kind, shape, hooks in plan:
+    plan = token_cases.plan(token_cases.Ctx(d, engine, mirror, device, sources, mode, stack))
+    rows += plan.rows
+    for role, kind, shape, hooks in plan.steps:
         results = []
         for case in (shape(c) for c in sample_cases(kind, n, seed)):
             inp = draft_step_inputs(case, LOW, device)
@@ -577,14 +320,13 @@ def _entry_rows(d: Any, n: int, seed: int, device: str, sources: dict[str, Path]
             results.append(draft_step.run(engine, mirror, kind, case, device, subjects=subjects, inputs=inp))
         if log:
             log(f"[impact] {d.id} {role} {d.engine} {kind}: {len(results)} blocks")
-        row = {"entry": d.id, "role": role, **_aggregate(shown.get(role, d.engine), kind, results, d.id)}
-        count, race = counts.get((role, kind), (None, False))
+        row = {"entry": d.id, "role": role, **_aggregate(plan.shown.get(role, d.engine), kind, results, d.id)}
+        count, race = plan.counts.get((role, kind), (None, False))
         if count is not None:
             row["note"] = count.note()
             if race and not count.raced and role == "case":  # the race did not happen: no verdict on it
                 row["severity"] = f"not seen: the race did not occur in {count.calls} calls"
         rows.append(row)
-
 
 _RANK = {CHANGES: 3, EXPOSED: 2, NEAR_TIES: 1, NONE: 0}
 
@@ -716,7 +458,7 @@ def _markdown(table: pd.DataFrame, args: argparse.Namespace, cols: list[str]) ->
              "gap below twice the position's logit error: the most a decided token could flip per position, "
              "severity `decided tokens in reach` where no flip was seen); role (--ledger): `case` is the entry's "
              "case class, `control` the same calls without its defect. Exit 1 only for a decided token flipped "
-             "outside the ledger: a row whose flips an entry explains names it in `ledger` (vllm-rocm: K3N-001) "
+             "outside the ledger: a row whose flips an entry explains names it in `ledger` (vllm-rocm's aux tap) "
              "and does not fail the run.", ""]
     if args.ledger:
         from k3num.oracles import ledger
@@ -740,7 +482,7 @@ def add_parser(sub) -> None:
                                       "draft step; exit 0 no decided token flipped outside the ledger, 1 one did, 2 "
                                       "could not run",
                        epilog="exit codes: 0 no decided token flipped outside the ledger (a row whose flips a ledger "
-                              "entry explains, e.g. vllm-rocm's K3N-001, is labelled with it and does not fail); 1 a "
+                              "entry explains, e.g. vllm-rocm's aux tap's, is labelled with it and does not fail); 1 a "
                               "decided token flipped outside the ledger; 2 could not run (bad input). With --ledger: "
                               "0 when every entry's row ran or said why not.")
     p.add_argument("--engine", default=None, help="engines (comma-separated; default: the real engines)")

@@ -48,6 +48,12 @@ class Divergence:
     # run there, in CI. On a release it is not confirmed on, the entry does not apply (its failures are
     # judged plainly) and its reproducer, where it still reproduces, fails asking for the confirmation
     also_releases: tuple[str, ...] = ()
+    # the entry's case class through the draft step (`k3num impact --ledger`): a name in harness/token_cases.py
+    # CASES, and the hidden size it runs at where not the drawn one (its reproducer's); an entry the step cannot
+    # reach has no case class and says why in token_why
+    token_case: str = ""
+    token_hidden: int = 0
+    token_why: str = ""
 
     @property
     def releases(self) -> tuple[str, ...]:
@@ -57,7 +63,8 @@ class Divergence:
 
 LEDGER: tuple[Divergence, ...] = (
     Divergence(
-        id="K3N-001", files=("vllm/models/kimi_k3/amd/linear.py", "vllm/models/kimi_k3/nvidia/model.py"),
+        id="K3N-001", token_case="as_drawn",
+        files=("vllm/models/kimi_k3/amd/linear.py", "vllm/models/kimi_k3/nvidia/model.py"),
         engine="vllm-rocm", version="0.33.0", also_releases=("0.34.0",), subject="aux_capture",
         test="test_branch1_tap_mixes_with_the_next_layers_weights_and_blocks",
         what="the ROCm aux tap (amd/linear.py _maybe_add_hidden_state) returns the prefix sum and ignores "
@@ -71,7 +78,8 @@ LEDGER: tuple[Divergence, ...] = (
               "test_a_decided_token_never_flips", "test_a_block_without_a_near_tie_is_accepted_whole"),
     ),
     Divergence(
-        id="K3N-002", files=("vllm/models/kimi_k3/amd/linear.py", "vllm/models/kimi_k3/nvidia/model.py"),
+        id="K3N-002", token_case="last_tap",
+        files=("vllm/models/kimi_k3/amd/linear.py", "vllm/models/kimi_k3/nvidia/model.py"),
         engine="vllm-rocm", version="0.33.0", also_releases=("0.34.0",), subject="aux_capture",
         test="test_branch2_tap_on_the_last_rank_mixes_with_the_output_weights",
         what="same cause as K3N-001 after the last layer: the output mixture is never formed",
@@ -80,7 +88,8 @@ LEDGER: tuple[Divergence, ...] = (
         upstream="vllm#56434 (open); see also vllm#50815 (the tap after the last layer)",
     ),
     Divergence(
-        id="K3N-003", files=("vllm/models/kimi_k3/amd/linear.py", "vllm/models/kimi_k3/nvidia/model.py"),
+        id="K3N-003", token_case="split_at_a_stage_end",
+        files=("vllm/models/kimi_k3/amd/linear.py", "vllm/models/kimi_k3/nvidia/model.py"),
         engine="vllm-rocm", version="0.33.0", also_releases=("0.34.0",), subject="aux_capture",
         test="test_branch3_non_final_stage_raises_when_configured_to",
         what="at the end of a non-final PP stage the ROCm tap returns the prefix where the NVIDIA path "
@@ -90,7 +99,8 @@ LEDGER: tuple[Divergence, ...] = (
         upstream="vllm#56434 (open)",
     ),
     Divergence(
-        id="K3N-004", files=("vllm/models/kimi_k3/nvidia/ops/attn_res.py",),
+        id="K3N-004", token_case="race_written_in_the_mix", token_hidden=32,
+        files=("vllm/models/kimi_k3/nvidia/ops/attn_res.py",),
         engine="vllm", version="0.33.0", also_releases=("0.34.0",), subject="attn_res",  # 0.34.0: GPU run 77
         test="test_a_block_written_in_the_call_is_mixed_with_its_written_value",
         what="nvidia/ops/attn_res.py _attn_res_kernel stores the prefix into bank row block_write_idx and then "
@@ -110,7 +120,8 @@ LEDGER: tuple[Divergence, ...] = (
         also=("test_attn_res_repeated_calls_are_bitwise_identical", "test_attn_res_rounds_only_where_its_code_says"),
     ),
     Divergence(
-        id="K3N-005", files=("vllm/models/kimi_k3/amd/ops/attn_res.py",),
+        id="K3N-005", token_case="race_written_in_the_mix", token_hidden=32,
+        files=("vllm/models/kimi_k3/amd/ops/attn_res.py",),
         engine="vllm-rocm", version="0.33.0", also_releases=("0.34.0",), subject="attn_res",  # 0.34.0: GPU run 77
         test="test_a_block_written_in_the_call_is_mixed_with_its_written_value",
         what="same race as K3N-004 in amd/ops/attn_res.py (the ROCm Triton kernel, run on the H200)",
@@ -122,7 +133,7 @@ LEDGER: tuple[Divergence, ...] = (
         also=("test_attn_res_repeated_calls_are_bitwise_identical",),
     ),
     Divergence(
-        id="K3N-006",
+        id="K3N-006", token_case="cancelling_taps",
         files=("tokenspeed/runtime/models/kimi_k3_dspark.py", "tokenspeed/runtime/execution/dspark_context.py"),
         engine="tokenspeed", version="0.1.1", subject="finalize_projection",
         test="test_sharded_adds_no_rounding_beyond_its_partials_when_taps_cancel",
@@ -140,7 +151,8 @@ LEDGER: tuple[Divergence, ...] = (
         upstream="none found (not reported yet)",
     ),
     Divergence(
-        id="K3N-007", files=("vllm/models/kimi_k3/amd/ops/attn_res.py",),
+        id="K3N-007", token_case="race_raced_layer_input", token_hidden=128,
+        files=("vllm/models/kimi_k3/amd/ops/attn_res.py",),
         engine="vllm-rocm", version="0.33.0", also_releases=("0.34.0",), subject="attn_res",  # 0.34.0: GPU run 77
         test="test_attn_res_within_rounding_budget_of_oracle",
         what="amd/ops/attn_res.py _attn_res_kernel races with itself when it has a delta: it stores prefix + delta "
@@ -165,7 +177,8 @@ LEDGER: tuple[Divergence, ...] = (
               "test_attn_res_writes_every_output_element_and_nothing_outside_its_rows"),
     ),
     Divergence(
-        id="K3N-008", files=("sglang/srt/layers/attn_residual.py",),
+        id="K3N-008", token_case="unwritten_layer_input",
+        files=("sglang/srt/layers/attn_residual.py",),
         engine="sglang", version="0.5.23", subject="attn_res_residual",
         test="test_model_aggregation_off_grid_hidden_within_budget_or_refused",
         what="srt/layers/attn_residual.py: the model's aggregation path (AttnResidual.forward -> _aggregate -> "
@@ -181,7 +194,8 @@ LEDGER: tuple[Divergence, ...] = (
         upstream="none found (not reported yet)",
     ),
     Divergence(
-        id="K3N-009", files=("vllm/models/kimi_k3/nvidia/ops/attn_res.py",),
+        id="K3N-009", token_case="bank_one_block_short",
+        files=("vllm/models/kimi_k3/nvidia/ops/attn_res.py",),
         engine="vllm", version="0.33.0", also_releases=("0.34.0",), subject="attn_res",
         test="test_attn_res_bank_indices_outside_the_bank_are_refused",
         what="nvidia/ops/attn_res.py attn_res accepts num_blocks > blocks.shape[1] and block_write_idx >= "
@@ -194,7 +208,8 @@ LEDGER: tuple[Divergence, ...] = (
         upstream="none found (not reported yet)",
     ),
     Divergence(
-        id="K3N-011", files=("vllm/model_executor/layers/linear.py", "vllm/model_executor/parameter.py"),
+        id="K3N-011", token_case="merged_loader_fp8",
+        files=("vllm/model_executor/layers/linear.py", "vllm/model_executor/parameter.py"),
         engine="vllm", version="0.33.0", subject="block_fp8_loading",
         test="test_block_fp8_merged_shards_dequantize_to_the_per_layer_weights",
         what="a block-FP8 DSpark draft loads into the merged context_kv_proj with misplaced block scales: each "
@@ -212,7 +227,8 @@ LEDGER: tuple[Divergence, ...] = (
         also=("test_checkpoint_quantized_shards_load_as_the_per_layer_weights",),
     ),
     Divergence(
-        id="K3N-012", files=("vllm/model_executor/layers/linear.py",
+        id="K3N-012", token_case="merged_loader_nvfp4",
+        files=("vllm/model_executor/layers/linear.py",
                "vllm/model_executor/layers/quantization/compressed_tensors/schemes/compressed_tensors_w4a4_nvfp4.py",
                "vllm/model_executor/layers/quantization/modelopt.py"),
         engine="vllm", version="0.33.0", subject="nvfp4_loading",
@@ -233,7 +249,8 @@ LEDGER: tuple[Divergence, ...] = (
         also=("test_checkpoint_quantized_shards_load_as_the_per_layer_weights",),
     ),
     Divergence(
-        id="K3N-010", files=("vllm/models/kimi_k3/amd/ops/attn_res.py",),
+        id="K3N-010", token_case="bank_one_block_short",
+        files=("vllm/models/kimi_k3/amd/ops/attn_res.py",),
         engine="vllm-rocm", version="0.33.0", also_releases=("0.34.0",), subject="attn_res",
         test="test_attn_res_bank_indices_outside_the_bank_are_refused",
         what="same as K3N-009 in amd/ops/attn_res.py, which checks no bound at all",
@@ -241,7 +258,8 @@ LEDGER: tuple[Divergence, ...] = (
         upstream="none found (not reported yet)",
     ),
     Divergence(
-        id="K3N-013", files=("sglang/srt/disaggregation/mooncake/conn.py",),
+        id="K3N-013", token_case="transfer_between_tp_sizes",
+        files=("sglang/srt/disaggregation/mooncake/conn.py",),
         engine="sglang", version="0.5.23", subject="kv_transfer",
         test="test_kv_transfer_copies_exactly_the_head_aware_plan_or_is_refused",
         what="disaggregation/mooncake/conn.py: the draft KV of a prefill and a decode whose KV heads per rank "
@@ -259,7 +277,8 @@ LEDGER: tuple[Divergence, ...] = (
         upstream="none found (not reported yet)",
     ),
     Divergence(
-        id="K3N-014", files=("vllm/models/kimi_k3/nvidia/dspark_mla.py", "vllm/_custom_ops.py"),
+        id="K3N-014", token_case="through_an_fp8_cache",
+        files=("vllm/models/kimi_k3/nvidia/dspark_mla.py", "vllm/_custom_ops.py"),
         engine="vllm", version="0.33.0", subject="context_kv_ops", modes=("source-gpu", "import"),
         test="test_fp8_insert_with_a_zero_or_nonfinite_scale_refuses_or_poisons_visibly",
         what="an FP8 KV cache whose layer scale (_k_scale) is 0 or infinite is written without a refusal: "

@@ -108,10 +108,9 @@ def test_the_drafters_path_files_are_not_declared_as_the_fused_target_decode() -
     model.py holds path 3's column-parallel context projection and markov.py the fused Markov steps: the first
     matching file rule must say UNBOUND for them, never the target decode's "off-path" reason."""
     drafter = "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/"
-    for name, path in (("model.py", "path 3"), ("linears.py", "paths 1 and 3"), ("markov.py", "after path 3")):
+    for name, where in (("model.py", "on path 3"), ("linears.py", "on paths 1 and 3"), ("markov.py", "after path 3")):
         status, why = census.file_status("vllm", drafter + name, ())
-        assert status == "declared" and why.startswith(f"UNBOUND, {path if path.startswith('after') else 'on ' + path}"), \
-            (name, why)
+        assert status == "declared" and why.startswith(f"UNBOUND, {where}"), (name, why)
     _, why = census.file_status("vllm", "vllm/models/kimi_k3/nvidia/specialized_decode/cutedsl/moe/tail.py", ())
     assert "fused target decode" in why
 

@@ -76,9 +76,9 @@ def test_impact_ledger_gives_every_entry_a_severity_or_the_reason_the_step_does_
     unrun = table[table["positions"].isna()]
     # on the CPU: the races need a GPU, the FP8 case vLLM's built ops
     assert dict(zip(unrun["entry"], unrun["severity"])) == {
-        **{e: impact.NO_RACE_ON_CPU for e in impact.RACES}, "K3N-014": impact.NO_OPS}, unrun.to_string()
+        **{e: impact.NO_RACE_ON_CPU for e in impact.races()}, "K3N-014": impact.NO_OPS}, unrun.to_string()
     run = table[table["positions"].notna()]
-    assert set(run["entry"]) == {d.id for d in ledger.LEDGER} - set(impact.RACES) - {"K3N-014"}
+    assert set(run["entry"]) == {d.id for d in ledger.LEDGER} - set(impact.races()) - {"K3N-014"}
     controls = run[run["role"] == "control"]
     assert set(controls["entry"]) == {"K3N-003", "K3N-006", "K3N-008", "K3N-009", "K3N-010", "K3N-011", "K3N-013"}
     assert (controls["diverged"] == 0).all() and (controls["worst_err_over_delta"] < 1).all(), controls.to_string()
@@ -189,3 +189,38 @@ def test_exposed_counts_the_decided_positions_within_twice_the_logit_error():
         assert v.exposed == want and v.count(tokens.DIVERGED) == 0, (err, v)
     assert impact.severity(0, 0, 1) == impact.EXPOSED and impact.severity(1, 0, 1) == impact.CHANGES
     assert impact.severity(0, 2, 0) == impact.NEAR_TIES and impact.severity(0, 0, 0) == impact.NONE
+
+
+def test_every_ledger_entry_names_its_token_case_class_and_impact_reads_no_entry_id() -> None:
+    """The entries' case classes are read from their records (oracles/ledger.py `token_case`, harness/token_cases.py
+    CASES): impact.py and token_cases.py name no entry id, and every record's name is a case class, a race's a
+    race's, or the entry says why the step cannot reach it."""
+    import re
+
+    from k3num.harness import token_cases
+    from k3num.oracles import ledger
+
+    for rel in ("harness/impact.py", "harness/token_cases.py"):
+        ids = sorted(set(re.findall(r"K3N-\d{3}", (ROOT / rel).read_text())))
+        assert not ids, f"{rel} names ledger entries {ids}: an entry's facts belong in its record"
+    assert token_cases.problems(ledger.LEDGER) == []
+
+
+def test_a_record_with_an_unknown_or_mismatched_case_class_is_refused_naming_it() -> None:
+    import dataclasses
+
+    from k3num.harness import token_cases
+    from k3num.oracles import ledger
+
+    d = ledger.LEDGER[0]
+    bad = [dataclasses.replace(d, id="X-1", token_case="no_such_case"),
+           dataclasses.replace(d, id="X-2", token_case=""),
+           dataclasses.replace(d, id="X-3", token_case="race_written_in_the_mix"),  # not a race
+           dataclasses.replace(d, id="X-4", token_case="", token_why="a test of the reason")]
+    found = token_cases.problems(bad)
+    assert [p.split(":")[0] for p in found] == ["X-1", "X-2", "X-3"], found
+    assert "no_such_case" in found[0] and "token_why" in found[1] and "race" in found[2]
+    with pytest.raises(ValueError, match="X-1: token_case 'no_such_case'"):
+        token_cases.plan(token_cases.Ctx(bad[0], None, None, "cpu", {}, "auto", None))
+    unrun = token_cases.plan(token_cases.Ctx(bad[3], None, None, "cpu", {}, "auto", None))
+    assert not unrun.steps and unrun.rows[0]["severity"] == token_cases.NOT_THE_STEP + "a test of the reason"

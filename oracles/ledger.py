@@ -210,7 +210,7 @@ LEDGER: tuple[Divergence, ...] = (
     Divergence(
         id="K3N-011", token_case="merged_loader_fp8",
         files=("vllm/model_executor/layers/linear.py", "vllm/model_executor/parameter.py"),
-        engine="vllm", version="0.33.0", subject="block_fp8_loading",
+        engine="vllm", version="0.33.0", also_releases=("0.34.0",), subject="block_fp8_loading",
         test="test_block_fp8_merged_shards_dequantize_to_the_per_layer_weights",
         what="a block-FP8 DSpark draft loads into the merged context_kv_proj with misplaced block scales: each "
              "layer's 576 rows are 4.5 blocks of 128, the merged layer allows the block-shape mismatch "
@@ -231,7 +231,7 @@ LEDGER: tuple[Divergence, ...] = (
         files=("vllm/model_executor/layers/linear.py",
                "vllm/model_executor/layers/quantization/compressed_tensors/schemes/compressed_tensors_w4a4_nvfp4.py",
                "vllm/model_executor/layers/quantization/modelopt.py"),
-        engine="vllm", version="0.33.0", subject="nvfp4_loading",
+        engine="vllm", version="0.33.0", also_releases=("0.34.0",), subject="nvfp4_loading",
         test="test_nvfp4_merged_shards_dequantize_to_the_per_layer_weights",
         what="an NVFP4 DSpark draft whose layers carry their own per-tensor scales loads into the merged "
              "context_kv_proj with one scale for all, with only a warning: compressed-tensors "

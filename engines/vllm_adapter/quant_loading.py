@@ -38,11 +38,47 @@ CT_NVFP4_PY = "vllm/model_executor/layers/quantization/compressed_tensors/scheme
 MODELOPT_PY = "vllm/model_executor/layers/quantization/modelopt.py"
 
 
-def _stubs() -> dict[str, types.ModuleType]:
+def copy_weight(root: Path) -> Any:
+    """vLLM's `copy_weight_` (vllm/model_executor/utils.py, 0.34.0: the weight loaders' copy, parameter.py
+    imports it), lifted, off an integrated GPU as every machine here is; None where the release has none."""
+    import functools
+    import mmap
+
+    path = root / "vllm/model_executor/utils.py"
+    platform = types.SimpleNamespace(is_integrated_gpu=lambda index: False)
+    try:
+        integrated = source.lift(path, "_is_integrated_gpu", {"torch": torch, "current_platform": platform})
+        return source.lift(path, "copy_weight_", {"torch": torch, "mmap": mmap,
+                                                  "_is_integrated_gpu": functools.cache(integrated)})
+    except source.SourceError:
+        return None
+
+
+def release_helpers(root: Path) -> dict[str, Any]:
+    """The parameter helpers a release's quantization schemes read (vllm/model_executor/utils.py, 0.34.0:
+    `move_parameter`, `retire_parameter`), lifted; the ones the release does not define are left out (the
+    lift's check then names what a scheme reads and nothing provides)."""
+    path = root / "vllm/model_executor/utils.py"
+    out = {}
+    for name in ("move_parameter", "retire_parameter"):
+        try:
+            out[name] = source.lift(path, name, {"torch": torch})
+        except source.SourceError:
+            continue
+    return out
+
+
+def _stubs(root: Path | None = None, rank: int = 0, world: int = 1) -> dict[str, types.ModuleType]:
+    """The modules vLLM's loading code imports: one tensor-parallel rank (`rank` of `world`), no synced loader,
+    and the release's own `copy_weight_` where it has one (`root` given)."""
+    copy = copy_weight(root) if root is not None else None
     return {
         "vllm": source.stub("vllm"),
-        "vllm.distributed": source.stub("vllm.distributed", get_tensor_model_parallel_rank=lambda: 0,
-                                        get_tensor_model_parallel_world_size=lambda: 1),
+        "vllm.distributed": source.stub("vllm.distributed", get_tensor_model_parallel_rank=lambda: rank,
+                                        get_tensor_model_parallel_world_size=lambda: world),
+        **({"vllm.model_executor": source.stub("vllm.model_executor"),
+            "vllm.model_executor.utils": source.stub("vllm.model_executor.utils", copy_weight_=copy)}
+           if copy is not None else {}),
         "vllm.logger": source.stub("vllm.logger", init_logger=lambda name: types.SimpleNamespace(
             debug=lambda *a, **k: None, warning=lambda *a, **k: None, info=lambda *a, **k: None)),
         "vllm.platforms": source.stub("vllm.platforms", current_platform=types.SimpleNamespace(
@@ -61,7 +97,11 @@ class _Merged:
     def load(self, params_by_name: dict[str, Any], tensors: list[tuple[str, torch.Tensor]], widths: list[int],
              what: str, **layer_attrs: Any) -> None:
         """Each (name, tensor) into its parameter through `weight_loader_v2`, by its `.shard_id`."""
-        owner = types.SimpleNamespace(output_sizes=widths, tp_size=1, tp_rank=0, **layer_attrs)
+        # 0.34.0's StackedColumnParallelLinear records the shards each parameter received (shard_ids,
+        # loaded_shard_ids, named_parameters)
+        owner = types.SimpleNamespace(output_sizes=widths, tp_size=1, tp_rank=0, shard_ids=tuple(range(len(widths))),
+                                      loaded_shard_ids={}, named_parameters=lambda: iter(params_by_name.items()),
+                                      **layer_attrs)
         owner.validate_shard_id = types.MethodType(self.validate, owner)
         for name, tensor in tensors:
             param = params_by_name.get(name)
@@ -71,13 +111,17 @@ class _Merged:
 
 
 def _merged(root: Path) -> _Merged:
-    params = source.load_module(root / PARAMETER_PY, "k3num_engine.vllm.parameter", _stubs())
+    params = source.load_module(root / PARAMETER_PY, "k3num_engine.vllm.parameter", _stubs(root))
     linear = root / LINEAR_PY
     ns: dict[str, Any] = {n: getattr(params, n) for n in (
         "BasevLLMParameter", "RowvLLMParameter", "PerTensorScaleParameter", "BlockQuantScaleParameter")}
     ns.update(Any=Any, TypeIs=Any, adjust_block_scale_shard=source.lift(linear, "adjust_block_scale_shard", {}))
+    try:  # 0.34.0: the merged layer's check calls its base's (StackedColumnParallelLinear), which records shards
+        ns["_super_validate_shard_id"] = source.lift(linear, "StackedColumnParallelLinear.validate_shard_id", ns)
+    except source.SourceError:
+        pass
     return _Merged(params, source.lift(linear, "MergedColumnParallelLinear.weight_loader_v2", ns),
-                   source.lift(linear, "MergedColumnParallelLinear.validate_shard_id", ns))
+                   source.lift_method(linear, "MergedColumnParallelLinear.validate_shard_id", ns))
 
 
 def _warnings_logger(into: list[str]) -> Any:
@@ -124,7 +168,7 @@ def bind_nvfp4(root: Path) -> Callable:
           "PerTensorScaleParameter": m.params.PerTensorScaleParameter,
           "GroupQuantScaleParameter": m.params.GroupQuantScaleParameter, "Callable": Callable,
           "expose_input_quant_key": lambda layer, kernel: None, "logger": _warnings_logger(warnings),
-          "replace_parameter": _replace_parameter}
+          "replace_parameter": _replace_parameter, **release_helpers(root)}
     create = source.lift(root / CT_NVFP4_PY, "CompressedTensorsW4A4Fp4.create_weights", ns)
     process = source.lift(root / CT_NVFP4_PY, "CompressedTensorsW4A4Fp4.process_weights_after_loading", ns)
 
@@ -158,7 +202,7 @@ def bind_nvfp4_modelopt(root: Path) -> Callable:
     weight_role = object()
     ns = {"torch": torch, "ModelWeightParameter": m.params.ModelWeightParameter,
           "PerTensorScaleParameter": m.params.PerTensorScaleParameter, "WEIGHT": weight_role,
-          "logger": _warnings_logger(warnings), "replace_parameter": _replace_parameter}
+          "logger": _warnings_logger(warnings), "replace_parameter": _replace_parameter, **release_helpers(root)}
     create = source.lift(path, "KNvfp4Static.create_weights", ns)
     process = source.lift(path, "KNvfp4Static.process", ns)
 

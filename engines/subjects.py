@@ -183,6 +183,8 @@ class Capabilities(Mapping[str, Any]):
     segmented_rmsnorm: Callable[..., Any] | None = _cap("contract", "3", "the per-segment RMSNorm of the taps")
     fused_kv_norm_rope_write: Callable[..., Any] | None = _cap("contract", "3",
                                                                "SGLang's fused K norm, RoPE and cache write")
+    context_proj_tp: Callable[..., Any] | None = _cap(
+        "contract", "3", "the draft's context projection as one TP rank builds it (column-parallel, all-gathered)")
     draft_kv_write: Callable[..., Any] | None = _cap("contract", "3", "that write on given K/V rows, read back from "
                                                                       "its pools (the draft K/V rounding contract)")
     pp_taps_hidden: bool | None = _cap("fact", "-", "bool: pp_taps also returns what the last stage hands on")

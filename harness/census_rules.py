@@ -75,10 +75,6 @@ OFF_PATH_FILES: tuple[FileRule, ...] = (
     FileRule("vllm", "vllm/models/kimi_k3/nvidia/ops/recoverssm.py", "KDA state recovery on rejection"),
     FileRule("vllm", "vllm/models/kimi_k3/nvidia/recoverssm/*", "KDA state recovery on rejection"),
     # the specialized decode's DSpark drafter (0.34.0), before the fused target decode's rule below
-    FileRule("vllm", "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/model.py",
-             "UNBOUND, on path 3 (0.34.0): the specialized DSpark drafter; its context_proj (the taps' projection, "
-             "5 x 7168 -> 7168) is column-parallel with an all-gathered output at TP > 1 instead of replicated; "
-             "needs TP ranks (gloo) against the replicated projection and vLLM's ColumnParallelLinear loader"),
     FileRule("vllm", "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/markov.py",
              "UNBOUND, after path 3 (0.34.0): the k Markov draft steps fused into Triton launches; the draft "
              "step has no Markov bias to judge them against yet"),
@@ -202,7 +198,24 @@ _ATTN_SITES = ("on path 2: the decoder layer's AttnRes call sites, where the lay
                "arguments; binding needs the layer's methods lifted over a stub layer")
 _DRAFT_QUERY = "the draft's query side (its decoder layers attend over the cache the context path wrote)"
 
+_V_DRAFTER = "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/model.py"  # 0.34.0's specialized drafter
 RULES: tuple[Rule, ...] = (
+    # nvidia/specialized_decode/drafter/model.py (0.34.0): context_proj and _gathered_linear are bound
+    # (context_proj_tp: engines/vllm_adapter/context_proj.py)
+    Rule("vllm", _V_DRAFTER, r"register|draft_shape", "off-path",
+         "the specialized drafter's registration with vLLM's model registry and its load-time workspace sizes"),
+    Rule("vllm", _V_DRAFTER, r"SpecializedK3DSparkModel\.forward|forward|_prepared_embedding", "off-path",
+         "the draft's layers over the drafter's fused collectives (embedding all-reduce, all-reduce + RMSNorm): "
+         "after path 3, the token properties run the harness's own draft step"),
+    Rule("vllm", _V_DRAFTER, r"SpecializedK3DSparkForCausalLM\.(compute_draft_logits|sample_sequential)", "off-path",
+         "the draft's logits and its fused Markov sampling (markov.py, declared UNBOUND after path 3)"),
+    Rule("vllm", _V_DRAFTER, r"install_draft_fold|_folded_impl|_build_dcp", "off-path",
+         "the draft block's folded MLA decode and its DCP attention (attention.py): after path 1's cache write"),
+    Rule("vllm", _V_DRAFTER, r"SpecializedK3DSparkForCausalLM\.(__init__|process_weights_after_loading)|"
+         r"after_loading|install_collectives", "unbound",
+         "on path 3: the model swaps in the column-parallel context_proj (bound) before the load, and after it "
+         "routes every drafter linear to DraftGemm (linears.py: the SM100 warp split-K) and the projection's "
+         "gather to the mailboxes (comm.py: multicast symmetric memory); binding needs vLLM's model construction"),
     Rule("vllm", _V_ATTN, "get_attn_res_triton_warmup_profiles", "off-path",
          "the shapes the Triton warm-up compiles ahead of serving; it computes nothing"),
     # nvidia/model.py

@@ -60,12 +60,6 @@ UNBOUND: tuple[Row, ...] = (
         "build_plan: vLLM's 10.0f arch rule and flags), and the attn_res subject takes it exactly where vLLM's "
         "wrapper does (hidden 7168, dense rows, num_blocks <= 8: tests/test_cuda_ops_build.py); elsewhere the "
         "mode note says 'native kernel kimi_k3_attn_res: needs SM100'"),
-    Row("vllm", "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/model.py",
-        "context_proj (GatheredColumnParallelLinear)", "python", "3", "",
-        "0.34.0's specialized DSpark drafter: the taps' projection column-parallel with an all-gathered output at "
-        "TP > 1 (each rank 1/TP of the output columns over the full K), claimed exact against the replicated one; "
-        "not bound yet: needs TP ranks (gloo, NCCL on GPUs) each loading its shard through vLLM's "
-        "ColumnParallelLinear.weight_loader, judged bitwise against the replicated projection"),
     Row("vllm", "vllm/models/kimi_k3/nvidia/ops/", "CuTe-DSL AttnRes decode", "cute-dsl", "2", "",
         f"{NEEDS_SM100}; running it needs nvidia-cutlass-dsl (CUDA 13) on the SM100 host and its file pinned"),
     Row("sglang", "sglang/kernels/jit/csrc/kimi_k3/attn_res/", "AttnResFusedTmaKernel", "cuda", "2", "",

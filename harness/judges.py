@@ -234,6 +234,23 @@ def unsharded_projection(taps: torch.Tensor, fc: torch.Tensor, norm: torch.Tenso
     return Expected(want, budget, k * h)
 
 
+def context_projection(x: torch.Tensor, fc: torch.Tensor, taps: int) -> Expected:
+    """The taps' projection alone, x [T, taps * H] (the taps concatenated per token) times fc [H_out, taps * H]^T:
+    the stage-partial oracle with one stage holding every tap (refmodel.partial_projection.stage_partials), under
+    the theory rule for one GEMM with fp32 accumulation rounded once to bf16 (the context_proj layer's output,
+    before the norm)."""
+    from k3num.refmodel import partial_projection as ref_projection
+
+    t, kh = x.shape
+    h = kh // taps
+    stacked = up(x).reshape(t, taps, h).permute(1, 0, 2).contiguous()  # [taps, T, H]
+    want = ref_projection.stage_partials(stacked, up(fc), [list(range(taps))])[0]
+    absdot = (up(x).abs() @ up(fc).abs().T).max().item()
+    acc = 2 * budgets.probabilistic(kh, budgets.U32) * absdot
+    budget = budgets.theory_rule(want.abs().max().item(), LOW, 1, acc_term=acc, acc_rule="2*fp32 acc")
+    return Expected(want, budget, kh)
+
+
 # --- replay: the properties whose bundles this harness judges itself ---------------------------------
 
 

@@ -120,10 +120,14 @@ _VLLM_033 = Pin(
         builds=(("vllm", "build"), ("vllm-rocm", "build_rocm")),
     )
 
-# 0.34.0 (2026-11-16): the same bound files (all present; attn_res.py both, pp_utils.py byte-identical)
+# 0.34.0 (2026-11-16): the same bound files (all present; attn_res.py both, pp_utils.py byte-identical), and
+# the specialized decode's DSpark drafter, whose context projection is column-parallel at TP > 1
+# (engines/vllm_adapter/context_proj.py)
+DRAFTER_MODEL_PY = "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/model.py"
 _VLLM_034 = Pin(
-    "vllm", "vllm", "0.34.0", "79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2", _VLLM_033.files,
-    manifest_sha256="2c6df89e20497486f9e9be922b230a5ebb0f83759e2227a1f50e1adacdf62c43", builds=_VLLM_033.builds,
+    "vllm", "vllm", "0.34.0", "79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2",
+    (*_VLLM_033.files, DRAFTER_MODEL_PY),
+    manifest_sha256="54aac848c313ec0a1dcfeb05e14058443f143f4714e0276c139a07cb62ef17ac", builds=_VLLM_033.builds,
 )
 
 PINS: dict[str, Pin] = {

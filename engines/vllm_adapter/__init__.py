@@ -51,7 +51,7 @@ from k3num.engines.triton_support import (
     require_interpreter,
     round_bf16_to_nearest_even,
 )
-from k3num.engines.vllm_adapter import pp_forward, quant_loading
+from k3num.engines.vllm_adapter import context_proj, pp_forward, quant_loading
 from k3num.engines.vllm_adapter.attn_res import _load_amd_attn_res, _load_attn_res
 from k3num.engines.vllm_adapter.aux_capture import _bind_capture, _bind_rocm_capture
 from k3num.engines.vllm_adapter.common import (
@@ -111,6 +111,14 @@ CONTRACT: dict[str, dict[str, dict[str, list[str] | None]]] = {
         "KNvfp4Static.create_weights": ["self", "layer", "role", "ctx", "shapes", "wl"],
         "KNvfp4Static.process": ["self", "layer", "role"], "QuantKeyScheme.register_params": None},
         quant_loading.LINEAR_PY: {"MergedColumnParallelLinear.weight_loader_v2": None}},
+    "context_proj_tp": {context_proj.DRAFTER_MODEL_PY: {"context_proj": ["backbone", "prefix"],
+                                                        "_gathered_linear": None},
+                        quant_loading.LINEAR_PY: {"ColumnParallelLinear.forward": ["self", "input_"],
+                                                  "ColumnParallelLinear.weight_loader_v2":
+                                                      ["self", "param", "loaded_weight"],
+                                                  "UnquantizedLinearMethod.create_weights": None},
+                        quant_loading.PARAMETER_PY: {"_ColumnvLLMParameter.load_column_parallel_weight": None},
+                        context_proj.EXECUTOR_UTILS_PY: {"set_weight_attrs": None}},
     "pp_taps": {MODEL_PY: {"KimiLinearModel.forward": None, "KimiLinearModel._set_aux_hidden_state_layers": None},
                 pp_forward.INTERFACES_PY: {f"EagleModelMixin.{m}": None for m in pp_forward.MIXIN_METHODS},
                 pp_forward.EAGLE3_UTILS_PY: {"aux_hidden_state_relay_keys": None},
@@ -231,6 +239,10 @@ def build(src: fetch.Source, mode: str) -> base.Engine:
     _bind("block_fp8_loading", root, lambda: quant_loading.bind(root), bound, missing)
     _bind("nvfp4_loading", root, lambda: quant_loading.bind_nvfp4(root), bound, missing)
     _bind("nvfp4_modelopt_loading", root, lambda: quant_loading.bind_nvfp4_modelopt(root), bound, missing)
+    if (root / context_proj.DRAFTER_MODEL_PY).is_file():
+        _bind("context_proj_tp", root, lambda: context_proj.bind(root), bound, missing)
+    else:
+        missing["context_proj_tp"] = context_proj.ABSENT
     subjects = {s: f for s, f in bound.items() if s in base.SUBJECTS}
     if not subjects:
         raise _unavailable("vllm", missing, (base.ATTN_RES, base.AUX_CAPTURE, base.CONTEXT_KV_FUSED))
@@ -241,7 +253,7 @@ def build(src: fetch.Source, mode: str) -> base.Engine:
     m = fetch.verified_manifest(src) or fetch.manifest(src)
     files = {base.ATTN_RES: ATTN_RES_PY, base.AUX_CAPTURE: MODEL_PY, base.CONTEXT_KV_FUSED: DSPARK_PY}
     extras: dict[str, Any] = {k: bound[k] for k in ("weight_loading", "pp_taps", "block_fp8_loading", "nvfp4_loading",
-                                                    "nvfp4_modelopt_loading") if k in bound}
+                                                    "nvfp4_modelopt_loading", "context_proj_tp") if k in bound}
     if ops is not None and base.CONTEXT_KV_FUSED in bound:
         extras["context_kv_ops"] = _RealContextKVOps(ops)
     if "pp_taps" in bound:

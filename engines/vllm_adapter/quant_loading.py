@@ -68,7 +68,7 @@ def release_helpers(root: Path) -> dict[str, Any]:
     return out
 
 
-def _stubs(root: Path | None = None, rank: int = 0, world: int = 1) -> dict[str, types.ModuleType]:
+def loader_stubs(root: Path | None = None, rank: int = 0, world: int = 1) -> dict[str, types.ModuleType]:
     """The modules vLLM's loading code imports: one tensor-parallel rank (`rank` of `world`), no synced loader,
     and the release's own `copy_weight_` where it has one (`root` given)."""
     copy = copy_weight(root) if root is not None else None
@@ -111,7 +111,7 @@ class _Merged:
 
 
 def _merged(root: Path) -> _Merged:
-    params = source.load_module(root / PARAMETER_PY, "k3num_engine.vllm.parameter", _stubs(root))
+    params = source.load_module(root / PARAMETER_PY, "k3num_engine.vllm.parameter", loader_stubs(root))
     linear = root / LINEAR_PY
     ns: dict[str, Any] = {n: getattr(params, n) for n in (
         "BasevLLMParameter", "RowvLLMParameter", "PerTensorScaleParameter", "BlockQuantScaleParameter")}
@@ -138,7 +138,7 @@ def bind(root: Path) -> Callable:
              ) -> tuple[torch.Tensor, torch.Tensor]:
         width, hidden = next(t for name, t in tensors if name == "weight").shape
         bn, bk = block
-        with source.stubbed(_stubs()):
+        with source.stubbed(loader_stubs()):
             weight = m.params.ModelWeightParameter(
                 data=torch.empty(num_layers * width, hidden, dtype=torch.float8_e4m3fn), input_dim=1, output_dim=0,
                 weight_loader=lambda *a: None)
@@ -178,7 +178,7 @@ def bind_nvfp4(root: Path) -> Callable:
                                        kernel=types.SimpleNamespace(process_weights_after_loading=lambda layer: None))
         layer = torch.nn.Module()
         warnings.clear()
-        with source.stubbed(_stubs()):
+        with source.stubbed(loader_stubs()):
             create(scheme, layer, [width] * num_layers, 2 * half, torch.bfloat16, lambda *a: None)
         m.load(dict(layer.named_parameters()), tensors, [width] * num_layers, "nvfp4_loading")
         process(scheme, layer)
@@ -211,7 +211,7 @@ def bind_nvfp4_modelopt(root: Path) -> Callable:
         scheme = types.SimpleNamespace(reject=lambda role: None, register_params=register)
         layer = torch.nn.Module()
         warnings.clear()
-        with source.stubbed(_stubs()):
+        with source.stubbed(loader_stubs()):
             create(scheme, layer, weight_role, types.SimpleNamespace(group_size=16),
                    shapes_cls([width] * num_layers, 2 * half, torch.bfloat16), lambda *a: None)
         m.load(dict(layer.named_parameters()), tensors, [width] * num_layers, "nvfp4_modelopt_loading")

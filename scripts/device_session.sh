@@ -9,12 +9,16 @@
 #   and carry engine-cache/ without its wheels/ folder (about 0.5 MB).
 # Usage: scripts/device_session.sh OUT [PARTS]
 #   PARTS: comma-separated, any of ops,bench,race,k3,small,hunt,sanitize,golden,k3det,scale,stores,isolation,csrc,check,
-#   checkops,ts,oracle,profile,derand,nightly,known,ranks,tokens,ledger,release,race7,contract,around
+#   checkops,ts,oracle,profile,derand,nightly,known,ranks,tokens,ledger,release,race7,contract,around,tpgemm
 #   `tokens` times the draft step at K3 geometry (bench/draft_step_speed.py: examples/s per engine and drafter,
 #   K3NUM_TOKENS_EXAMPLES, default 5; OUT/tokens-speed.csv), then runs the token properties on cuda under ci and
 #   `k3num impact`, `k3num impact --ledger` and `k3num impact --geometry k3` (the nightly's K3 step) on cuda
 #   (OUT/tokens-*.log, OUT/impact*.md). K3NUM_TOKENS_PROFILE=1 adds the torch profiler's tables of sglang's DSpark
 #   step (OUT/tokens-profile.txt).
+#   `tpgemm` asks whether vLLM 0.34.0's column-parallel context projection is exact on this GPU's GEMM at K3's
+#   sizes (scripts/tp_gemm_exactness.py: every rank of TP 2, 4 and 8 in one process through the release's layer,
+#   5 taps of 7168, 8/64/256 rows, against the replicated projection bit for bit and the float64 oracle), then
+#   runs 0.34.0's quantized-loading properties and ledger reproducers on cuda. OUT/tp-gemm.csv, OUT/tpgemm.log.
 #   `around` runs vllm-rocm's token properties on cuda under ci around K3N-001 (harness/around.py: the variant
 #   vllm-rocm+fix-K3N-001, ROCm's tap fixed in a copy of the tree) on the pinned files (plain: xfail K3N-001;
 #   variant: pass), on the planted score without the source's RMS (harness/fixes.py rocm-score-unnormalized:
@@ -109,8 +113,8 @@ out=${1:?usage: scripts/device_session.sh OUT [PARTS]}
 parts=",${2:-bench,race,k3,small},"
 want() { [[ "$parts" == *",$1,"* ]]; }
 for p in ${parts//,/ }; do
-    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts|oracle|profile|derand|nightly|known|ranks|tokens|ledger|release|race7|contract|around) ;;
-        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts, oracle, profile, derand, nightly, known, ranks, tokens, ledger, release, race7, contract, around)"
+    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts|oracle|profile|derand|nightly|known|ranks|tokens|ledger|release|race7|contract|around|tpgemm) ;;
+        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts, oracle, profile, derand, nightly, known, ranks, tokens, ledger, release, race7, contract, around, tpgemm)"
            exit 2;; esac
 done
 mkdir -p "$out"
@@ -130,7 +134,7 @@ small_engines=${K3NUM_SMALL_ENGINES:-vllm vllm-rocm sglang tokenspeed}
 for e in vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
-around=0 contract=0 race7=0 release=0 ledger=0 tokens=0 ranks=0 known=0 bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0 nightly=0
+tpgemm=0 around=0 contract=0 race7=0 release=0 ledger=0 tokens=0 ranks=0 known=0 bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0 nightly=0
 if want tokens; then
     echo "== the draft step at K3 geometry, the token properties and k3num impact on cuda"
     timeout -s INT "${K3NUM_TOKENS_BENCH_TIMEOUT:-200}" python bench/draft_step_speed.py --geometry k3 \
@@ -175,6 +179,18 @@ if want release; then
         || release=1
     echo "ledger reproducers exit $release in $((SECONDS - t0)) s" | tee -a "$out/release.log"
     tail -n 25 "$out/release-k3.log" "$out/release-small.log" "$out/release-repro.log"
+fi
+if want tpgemm; then
+    echo "== vLLM 0.34.0's column-parallel context projection on this GPU's GEMM, and its quantized loaders"
+    {
+        date -u +"%F %T UTC"
+        timeout -s INT 300 python scripts/tp_gemm_exactness.py --device cuda --csv "$out/tp-gemm.csv" || tpgemm=1
+        timeout -s INT 200 python -m pytest properties/test_quantized_loading.py properties/test_ledger_reproducers.py \
+            properties/test_tp_ranks.py --engine vllm@0.34.0 --device cuda -p no:cacheprovider -q -rfEsx \
+            --hypothesis-profile=ci 2>&1 | grep -E "^(FAILED|ERROR|XFAIL|XPASS|SKIPPED)|passed|failed" | cut -c1-240
+        [ "${PIPESTATUS[0]}" -eq 0 ] || tpgemm=1
+    } > "$out/tpgemm.log" 2>&1  # not a pipe: `tpgemm` is set in this shell
+    cat "$out/tpgemm.log"
 fi
 if want around; then
     echo "== around K3N-001 on cuda: vllm-rocm's token properties and k3num impact, pinned, planted, control"
@@ -620,5 +636,5 @@ if [ -n "$k3_pid" ]; then wait "$k3_pid"; k3=$?; cat "$out/k3.log"; fi
 if [ -n "$small_pid" ]; then wait "$small_pid"; small=$?; cat "$out/small.log"; fi
 dirs=(); for d in k3 small; do [ -d "$out/$d" ] && dirs+=("$d"); done
 [ ${#dirs[@]} -gt 0 ] && tar czf "$out/properties.tgz" -C "$out" "${dirs[@]}"
-echo "device_session: around exit $around, contract exit $contract, race7 exit $race7, release exit $release, ledger exit $ledger, tokens exit $tokens, ranks exit $ranks, known exit $known, nightly exit $nightly, oracle exit $oracle, profile exit $profile, derand exit $derand, ts exit $ts, checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
-[ "$around" -eq 0 ] && [ "$contract" -eq 0 ] && [ "$race7" -eq 0 ] && [ "$release" -eq 0 ] && [ "$ledger" -eq 0 ] && [ "$tokens" -eq 0 ] && [ "$ranks" -eq 0 ] && [ "$known" -eq 0 ] && [ "$nightly" -eq 0 ] && [ "$oracle" -eq 0 ] && [ "$profile" -eq 0 ] && [ "$derand" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]
+echo "device_session: tpgemm exit $tpgemm, around exit $around, contract exit $contract, race7 exit $race7, release exit $release, ledger exit $ledger, tokens exit $tokens, ranks exit $ranks, known exit $known, nightly exit $nightly, oracle exit $oracle, profile exit $profile, derand exit $derand, ts exit $ts, checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
+[ "$tpgemm" -eq 0 ] && [ "$around" -eq 0 ] && [ "$contract" -eq 0 ] && [ "$race7" -eq 0 ] && [ "$release" -eq 0 ] && [ "$ledger" -eq 0 ] && [ "$tokens" -eq 0 ] && [ "$ranks" -eq 0 ] && [ "$known" -eq 0 ] && [ "$nightly" -eq 0 ] && [ "$oracle" -eq 0 ] && [ "$profile" -eq 0 ] && [ "$derand" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]

@@ -46,3 +46,23 @@ def test_the_layer_is_vllms_gathered_column_parallel_one_and_tp_1_keeps_the_repl
     assert tuple(layer.weight.shape) == (8, 32) and type(layer.weight).__name__ == "ModelWeightParameter"
     old = registry.build("vllm", {}, "auto")
     assert "context_proj_tp" not in old.extras and "0.34.0" in old.missing["context_proj_tp"]
+
+
+def test_the_gemm_exactness_script_writes_one_row_per_tp_size_and_row_count(tmp_path) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pandas as pd
+
+    out = tmp_path / "tp.csv"
+    r = subprocess.run([sys.executable, "scripts/tp_gemm_exactness.py", "--device", "cpu", "--tokens", "1,3",
+                        "--tp", "2,4", "--hidden", "64", "--taps", "2", "--csv", str(out)],
+                       cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    t = pd.read_csv(out)
+    assert sorted(zip(t.tp, t.tokens)) == [(2, 1), (2, 3), (4, 1), (4, 3)] and (t.of == t.tokens * 64).all()
+    assert (t.replicated_err_over_budget <= 1).all(), t.to_string()
+    r = subprocess.run([sys.executable, "scripts/tp_gemm_exactness.py", "--tp", "two"],
+                       cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "cannot run" in r.stderr

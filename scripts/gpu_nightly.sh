@@ -9,6 +9,8 @@
 # Environment:
 #   K3NUM_PROFILE  hypothesis profile (default nightly; gpu-smoke, nightly-1k, ... see harness/plugin.py)
 #   K3NUM_ENGINES  space- or comma-separated engines (default: every default engine)
+#   K3NUM_RELEASES all (default): after the default releases, the suite once more per other pinned release of
+#                  a pin the engines read (vLLM 0.34.0: OUT_DIR/drift-vllm-0.34.0.csv); default: those alone
 #   K3NUM_WORKERS  pytest-xdist's -n (default auto: one worker per visible GPU x K3NUM_WORKERS_PER_GPU)
 #   K3NUM_WORKERS_PER_GPU  workers sharing one GPU under -n auto (default 4: the K3-shape properties are
 #                  bound by the host, so one worker leaves the GPU idle; 4 and 8 took the same time on
@@ -107,7 +109,31 @@ ${limit:+timeout -s INT -k 60 "$limit"} python -m pytest "${suite[@]}" --engine 
 tally=$(grep -E '(passed|failed|errors?|skipped|no tests ran).* in [0-9.]+s' "$out/pytest.log" | tail -n 1 | tr -d '=')
 echo "gpu_nightly: pytest finished with exit $status after $((SECONDS - start)) s:${tally:- (no tally: see $out/pytest.log)}"
 [ "$status" -eq 0 ] || status=1
-python - "$out" > "$out/summary.md" <<'PY'
+# every other pinned release of a pin the engines read (vLLM 0.34.0 beside the default 0.33.0), each a run of
+# its own (harness/main_job.py): OUT_DIR/drift-<engine>-<version>.csv and pytest-<engine>-<version>.log;
+# K3NUM_RELEASES=default runs the default releases alone
+csvs=("$out/drift.csv")
+if [ "${K3NUM_RELEASES:-all}" != default ]; then
+    while IFS=$'\t' read -r label release_engines; do
+        [ -n "$label" ] || continue
+        echo "gpu_nightly: the other pinned release $label: --engine $release_engines"
+        rstatus=0
+        ${limit:+timeout -s INT -k 60 "$limit"} python -m pytest "${suite[@]}" --engine "$release_engines" \
+            -n "$workers" --dist "${K3NUM_DIST:-worksteal}" --max-worker-restart "${K3NUM_MAX_WORKER_RESTART:-100}" \
+            --device "$device" --hypothesis-profile="$profile" -p no:cacheprovider -o junit_suite_name=k3num \
+            --drift-csv "$out/drift-$label.csv" ${limit:+--run-limit "$limit"} --junitxml "$out/junit-$label.xml" \
+            "$@" > "$out/pytest-$label.log" 2>&1 || rstatus=$?
+        tally=$(grep -E '(passed|failed|errors?|skipped|no tests ran).* in [0-9.]+s' "$out/pytest-$label.log" \
+                | tail -n 1 | tr -d '=')
+        echo "gpu_nightly: $label finished with exit $rstatus:${tally:- (no tally: see $out/pytest-$label.log)}"
+        [ "$rstatus" -eq 0 ] || status=1
+        [ -f "$out/drift-$label.csv" ] && csvs+=("$out/drift-$label.csv")
+    done < <(python -c "import sys
+from k3num.harness import main_job
+for label, engines in main_job.other_releases(sys.argv[1].split()):
+    print(f'{label}\t{engines}')" "$engines")
+fi
+python - "${csvs[@]}" > "$out/summary.md" <<'PY'
 import sys
 from pathlib import Path
 
@@ -115,16 +141,18 @@ import pandas as pd
 
 from k3num.oracles.drift import SM100_NOTE, covers_vllm_attn_res, summarize
 
-out = Path(sys.argv[1])
-if not (out / "drift.csv").exists():
-    sys.exit("gpu_nightly: the run wrote no drift CSV")
-df = pd.read_csv(out / "drift.csv")
-if df.empty:
-    sys.exit("gpu_nightly: the drift CSV holds no record")
-t = summarize(df, ["engine", "mode", "device", "subject", "property"])
-print(t.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-if covers_vllm_attn_res(t):
-    print(SM100_NOTE)
+for i, path in enumerate(Path(p) for p in sys.argv[1:]):
+    if not path.exists():
+        sys.exit(f"gpu_nightly: the run wrote no drift CSV ({path})")
+    df = pd.read_csv(path)
+    if df.empty:
+        sys.exit(f"gpu_nightly: the drift CSV holds no record ({path})")
+    if i:
+        print(f"\n{path.name}:")
+    t = summarize(df, ["engine", "engine_version", "mode", "device", "subject", "property"])
+    print(t.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    if covers_vllm_attn_res(t):
+        print(SM100_NOTE)
 PY
 # the draft step at K3 geometry (hidden 7168, the real blocks, vocabulary 163840): exit 1 when a decided token
 # flipped outside the ledger; by default on cuda only (each case draws GBs of weights)

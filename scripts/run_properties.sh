@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main job: the property suite against the default engines, writing the drift
 # CSV of this run to out/runs/drift-<UTC time>.csv with out/drift.csv linking to it
-# (--drift-dir out; a run never overwrites another's). Extra arguments go to pytest, e.g.
+# (--drift-dir out; a run never overwrites another's), then once more per other pinned
+# release (vLLM 0.34.0: out/runs/drift-<UTC time>-vllm-0.34.0.csv). Extra arguments go
+# to pytest; --engine or --engine-src make it one run, as asked, e.g.
 #   --engine mirror --hypothesis-profile nightly --drift-csv /tmp/d.csv
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -11,4 +13,5 @@ k3num fetch || echo "[properties] WARNING: k3num fetch failed: the real engines 
 args=("$@")
 case " ${args[*]-} " in *" --drift-csv"*|*" --drift-dir"*) ;; *) args+=(--drift-dir out) ;; esac
 case " ${args[*]-} " in *" --hypothesis-profile"*) ;; *) args+=(--hypothesis-profile=ci) ;; esac
-exec python -m pytest properties "${args[@]}"
+# once on the default engines, then once per other pinned release (vllm@0.34.0): harness/main_job.py
+exec python -m k3num.harness.main_job "${args[@]}"

@@ -153,4 +153,7 @@ def detail(r: StepResult) -> str:
     return (f"kind={r.kind};positions={v.positions};decided={v.decided};identical={v.count(tokens.IDENTICAL)};"
             f"tie_break={v.count(tokens.TIE_BREAK)};diverged={v.count(tokens.DIVERGED)};agreement={v.agreement};"
             f"noise_agreement={n.agreement};noise_diverged={n.count(tokens.DIVERGED)};kl={v.kl:.3g};"
-            f"min_gap_over_delta={min(v.gap) / v.delta if v.delta else float('inf'):.3g};paths={r.paths}")
+            f"min_gap_over_delta={min(v.gap) / v.delta if v.delta else float('inf'):.3g};"
+            f"worst_err_over_delta={v.worst_err_over_delta:.3g};q99_err_over_delta={v.q99_err_over_delta:.3g};"
+            f"predicted_flips={v.predicted_flips:.3g};"
+            f"predicted_rate={v.predicted_flip_rate:.3g};paths={r.paths}")

@@ -238,6 +238,23 @@ def split_context_projection(text: str, path: str) -> str:
     return "".join(lines)
 
 
+def context_scaled(factor: str) -> Edit:
+    """Planted latent drift (issue 40): project_target_hidden's normed projection multiplied by `factor` (a
+    Python literal), the draft's context a fraction of a percent off. Small enough that a decided token rarely
+    flips in the token properties' blocks, large enough that the logits leave delta: the decided-token
+    property must fail it on the logit error alone."""
+    def edit(text: str, path: str) -> str:
+        lines = text.splitlines(keepends=True)
+        lo, hi = _method_lines(text, "project_target_hidden", path)
+        i = _one(lines, lo, hi, r"return self\.finalize_target_projection\(self\.context_proj\(target_hidden\)\[0\]\)",
+                 path)
+        lines[i] = lines[i].replace("self.finalize_target_projection(self.context_proj(target_hidden)[0])",
+                                    f"(self.finalize_target_projection(self.context_proj(target_hidden)[0]) * {factor})"
+                                    "  # k3num planted")
+        return "".join(lines)
+    return edit
+
+
 def round_accumulator_per_tap(text: str, path: str) -> str:
     """Planted bug (one extra bf16 rounding per tap, issue 37/38): DSparkContextProducer.add_capture keeps the
     pipeline's running sum in float32 ("float32 accumulation avoids rounding between taps"); this rounds it
@@ -418,6 +435,14 @@ DRIFTS: tuple[Fix, ...] = (
 )
 
 
+# latent drifts: no decided token flips in the token properties' blocks, but the logits leave delta; the
+# decided-token property must fail them on the logit error (tests/test_draft_step_oracle.py)
+LATENT: tuple[Fix, ...] = (
+    Fix("context-scaled", "tokenspeed", ((TOKENSPEED_MODEL, context_scaled("1.03")),), ("tokenspeed",),
+        ("properties/test_draft_tokens.py::test_a_decided_token_never_flips",)),
+)
+
+
 # fresh bugs planted inside a ledger entry's files and tests (issue 37): "known" must mean the entry's bug, so
 # each must be new under `k3num check`, and its control (a comment in the same file) must be nothing
 FRESH: tuple[Fix, ...] = (
@@ -442,7 +467,7 @@ FRESH: tuple[Fix, ...] = (
 
 
 def by_id(fix_id: str) -> Fix:
-    every = FIXES + TREE_MUTANTS + DRIFTS + PLANTED + FRESH
+    every = FIXES + TREE_MUTANTS + DRIFTS + PLANTED + FRESH + LATENT
     for f in every:
         if f.id == fix_id:
             return f

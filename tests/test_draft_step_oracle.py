@@ -162,6 +162,33 @@ def test_a_drift_within_the_tensor_budget_flips_no_decided_token(tmp_path) -> No
     assert r.returncode == 0 and "4 passed" in r.stdout, r.stdout[-3000:]
 
 
+def test_a_latent_drift_past_delta_fails_the_decided_token_property_though_no_token_flips(tmp_path) -> None:
+    """harness/fixes.py LATENT `context-scaled` (TokenSpeed's normed context projection 3% off: no decided token
+    flipped in 60 seeded blocks, 21 of them past delta): the decided-token property fails it on the logit error,
+    its message giving the flips and the expected flip count."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from k3num.harness import fixes
+    from k3num.supply import fetch
+
+    if fetch.missing_files("tokenspeed"):
+        pytest.skip("tokenspeed is not fetched (k3num fetch tokenspeed)")
+    tree = fixes.patched_tree(fixes.by_id("context-scaled"), tmp_path / "t")
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-m", "pytest", "properties/test_draft_tokens.py", "--engine", "tokenspeed",
+                        "--engine-src", f"tokenspeed={tree}", "-q", "-p", "no:cacheprovider", "-rfE",
+                        "-k", "decided", "--hypothesis-profile=ci"],
+                       cwd=root, capture_output=True, text=True, timeout=900, env={**__import__("os").environ,
+                                                                                   "COLUMNS": "400"})
+    out = r.stdout
+    assert r.returncode == 1, out[-3000:]
+    for kind in ("dspark", "dflash"):
+        assert f"FAILED properties/test_draft_tokens.py::test_a_decided_token_never_flips[tokenspeed-{kind}]" in out
+    assert "predicted_flips=" in out and "q99_err_over_delta=" in out, out[-3000:]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_the_one_pass_weight_draw_draws_the_two_pass_values_bit_for_bit(dtype) -> None:
     """draft_step_inputs draws its weights with Draw.normal_as (the scale and the rounding in one pass, GPU run 66:

@@ -249,6 +249,8 @@ def _aggregate(name: str, kind: str, results: list[Any], ledger: str = "") -> di
             "agreement": sum(b.agreement for b in v) / len(v),
             "noise_agreement": sum(r.noise_verdict.agreement for r in results) / len(v),
             "block": judged / len(v), "worst_err_over_delta": max(b.worst_err_over_delta for b in v),
+            "q99_err_over_delta": max(b.q99_err_over_delta for b in v),
+            "predicted_flips": sum(b.predicted_flips for b in v),
             "severity": severity(counts[tokens.DIVERGED], counts[tokens.TIE_BREAK], exposed)}
 
 
@@ -439,10 +441,11 @@ def _checkpoint_step(path: str, lm_head: str | None, device: str) -> Any:
 
 
 ENGINE_COLUMNS = ["engine", "drafter", "paths", "positions", "identical", "tie_break", "diverged", "decided_share",
-                  "exposed_share", "agreement", "noise_agreement", "block", "worst_err_over_delta", "severity",
-                  "ledger"]
+                  "exposed_share", "agreement", "noise_agreement", "block", "worst_err_over_delta",
+                  "q99_err_over_delta", "predicted_flips", "severity", "ledger"]
 LEDGER_COLUMNS = ["entry", "role", "engine", "drafter", "paths", "positions", "identical", "tie_break", "diverged",
-                  "exposed_share", "agreement", "noise_agreement", "worst_err_over_delta", "severity", "note"]
+                  "exposed_share", "agreement", "noise_agreement", "worst_err_over_delta", "q99_err_over_delta",
+                  "predicted_flips", "severity", "note"]
 
 
 def _markdown(table: pd.DataFrame, args: argparse.Namespace, cols: list[str]) -> str:
@@ -454,8 +457,12 @@ def _markdown(table: pd.DataFrame, args: argparse.Namespace, cols: list[str]) ->
              "floor (every K3 path through the bf16 mirror). decided_share: the share of positions whose oracle "
              "top-two gap is at least delta (where a flip would be a divergence); block: the drafter's block length; "
              "worst_err_over_delta: the worst logit error against the oracle, over delta (past 1, a decided token "
-             "could flip); exposed_share: the share of decided positions within the logit error's reach (top-two "
-             "gap below twice the position's logit error: the most a decided token could flip per position, "
+             "could flip); q99_err_over_delta: the worst block's 99th-percentile logit error over delta (past 1, more "
+             "than 1% of a block's logits beyond delta: the token property's latent divergence); predicted_flips: "
+             "the expected decided flips over the blocks run, from the oracle's margins and each position's logit "
+             "error (oracles/tokens.py; compare with diverged); exposed_share: the share of decided positions "
+             "within the logit error's reach (top-two gap below twice the position's logit error: the most a "
+             "decided token could flip per position, "
              "severity `decided tokens in reach` where no flip was seen); role (--ledger): `case` is the entry's "
              "case class, `control` the same calls without its defect. Exit 1 only for a decided token flipped "
              "outside the ledger: a row whose flips an entry explains names it in `ledger` (vllm-rocm's aux tap) "

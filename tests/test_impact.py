@@ -140,7 +140,8 @@ def test_the_impact_tables_legend_names_every_column_and_the_exit_rule_and_each_
     table = pd.DataFrame([{"entry": "K3N-010", "role": "case"}, {"entry": "K3N-001", "role": "control"}])
     text = imp._markdown(table, argparse.Namespace(ledger=True, cases=1, seed=0), imp.LEDGER_COLUMNS)
     legend = text.split("| entry")[0]
-    for word in ("decided_share", "block", "worst_err_over_delta", "role", "outside the ledger"):
+    for word in ("decided_share", "block", "worst_err_over_delta", "q99_err_over_delta", "predicted_flips", "role",
+                 "outside the ledger"):
         assert word in legend, word
     assert "- K3N-001: " in legend and "- K3N-010: same as K3N-009" in legend
     order: list[str] = []

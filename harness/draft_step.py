@@ -37,6 +37,43 @@ PATHS = {"dspark": (base.AUX_CAPTURE, base.PROJECT_UNSHARDED, base.CONTEXT_KV_FU
          "dflash": (base.AUX_CAPTURE, base.PROJECT_UNSHARDED, base.DRAFT_CONTEXT_KV)}
 
 
+# the bound subjects the step does not call, each with why (`reach`): none is silently absent from `k3num impact`
+NOT_IN_THE_STEP = {
+    base.ATTN_RES: "the engine binds no aux tap to call it (the step's path 2 is the tap)",
+    base.STAGE_PARTIAL: "the step projects the taps in one stage (project_unsharded); the sharded sum reaches it "
+                        "in `k3num impact --ledger`'s cancelling-taps case class (TokenSpeed)",
+    base.FINALIZE_PROJECTION: "as stage_partial: the sharded sum's last half",
+    base.ATTN_RES_MIX: "the read-only mixture; the step's path 2 is an aux tap, and an engine that binds none "
+                       "(SGLang 0.5.23: its tap is in an unmerged PR) runs the mirror's",
+    base.ATTN_RES_MIX_TRITON: "as attn_res_mix: its Triton kernels",
+    base.ATTN_RES_MIX_EAGER: "as attn_res_mix: its eager reference",
+    base.ATTN_RES_RESIDUAL: "the model's aggregation point; it reaches the step only through the unwritten "
+                            "layer input case class (`k3num impact --ledger`, SGLang's off-grid hidden)",
+}
+
+
+def reach(engine: Any) -> dict[str, str]:
+    """Every subject `engine` binds -> where the step runs it ("in the step: dspark, dflash") or why it does not
+    (NOT_IN_THE_STEP); KeyError naming a bound subject with neither, so a new subject cannot be silently absent."""
+    out = {}
+    for name in engine.subjects:
+        kinds = [k for k, names in PATHS.items() if name in names]
+        if name == base.CONTEXT_KV_UNFUSED and not engine.provides(base.CONTEXT_KV_FUSED):
+            kinds = ["dspark"]  # the DSpark context KV through its unfused path (_subject)
+        if name == base.ATTN_RES and engine.provides(base.AUX_CAPTURE):
+            out[name] = "in the step: dspark, dflash, inside the engine's aux tap (it calls it for every mixture)"
+        elif kinds:
+            out[name] = "in the step: " + ", ".join(kinds)
+        elif name == base.CONTEXT_KV_UNFUSED:
+            out[name] = "the fused path is bound and runs in its place (the unfused one is its baseline)"
+        elif name in NOT_IN_THE_STEP:
+            out[name] = "not in the step: " + NOT_IN_THE_STEP[name]
+        else:
+            raise KeyError(f"{engine.name}: subject {name} is bound but neither in the step's PATHS nor in "
+                           "draft_step.NOT_IN_THE_STEP with its reason")
+    return out
+
+
 class NoPathBound(LookupError):
     """The engine binds none of the drafter's K3 paths: its step would be the mirror's."""
 

@@ -421,9 +421,26 @@ def cmd_impact(args: argparse.Namespace) -> int:
     if args.format == "csv":
         print(table.to_csv(index=False), end="")
     else:
-        print(_markdown(table, args, ENGINE_COLUMNS))
+        print(_markdown(table, args, ENGINE_COLUMNS) + "\n" + reach_lines(names, sources))
     unexplained = judged[(judged["diverged"] > 0) & (judged["ledger"].fillna("") == "")]
     return 1 if len(unexplained) else 0
+
+
+def reach_lines(names: list[str], sources: dict[str, Path]) -> str:
+    """Markdown: every subject each engine binds that the step does not run, with why (harness/draft_step.py
+    `reach`); the ones it runs are the rows' `paths`."""
+    from k3num.engines import registry
+    from k3num.harness import draft_step
+
+    lines = ["Bound subjects the step does not run (each engine's others are in its rows' `paths`):", ""]
+    for name in names:
+        try:
+            engine = registry.get(name, sources, "auto")
+        except registry.EngineUnavailable:
+            continue  # its row says why
+        lines += [f"- {name}: {subject}: {why.removeprefix('not in the step: ')}"
+                  for subject, why in draft_step.reach(engine).items() if not why.startswith("in the step")]
+    return "\n".join(lines) + "\n"
 
 
 def _checkpoint_step(path: str, lm_head: str | None, device: str) -> Any:

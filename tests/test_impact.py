@@ -225,3 +225,33 @@ def test_a_record_with_an_unknown_or_mismatched_case_class_is_refused_naming_it(
         token_cases.plan(token_cases.Ctx(bad[0], None, None, "cpu", {}, "auto", None))
     unrun = token_cases.plan(token_cases.Ctx(bad[3], None, None, "cpu", {}, "auto", None))
     assert not unrun.steps and unrun.rows[0]["severity"] == token_cases.NOT_THE_STEP + "a test of the reason"
+
+
+def test_every_bound_subject_is_in_the_step_or_listed_with_why_it_is_not() -> None:
+    """No subject an engine binds is silently absent from the draft step: `reach` places each one, and a bound
+    subject neither in the step's paths nor in NOT_IN_THE_STEP is refused naming it."""
+    import dataclasses
+
+    from k3num.engines import registry
+    from k3num.harness import draft_step
+    from k3num.harness import impact as imp
+
+    for name in registry.defaults():
+        try:
+            engine = registry.get(name)
+        except registry.EngineUnavailable:
+            continue
+        placed = draft_step.reach(engine)
+        assert set(placed) == set(engine.subjects), name
+        assert all(v.startswith(("in the step: ", "not in the step: ", "the fused path")) for v in placed.values())
+    vllm = registry.get("vllm")
+    assert draft_step.reach(vllm)["attn_res"].startswith("in the step: dspark, dflash, inside the engine's aux tap")
+    planted = dataclasses.replace(vllm, subjects={**vllm.subjects, "a_new_subject": lambda *a: None})
+    with pytest.raises(KeyError, match="a_new_subject is bound but neither"):
+        draft_step.reach(planted)
+    from k3num.engines import base
+
+    in_paths = {n for names in draft_step.PATHS.values() for n in names}
+    assert set(base.SUBJECTS) <= in_paths | set(draft_step.NOT_IN_THE_STEP) | {base.CONTEXT_KV_UNFUSED}
+    text = imp.reach_lines(["sglang"], {})
+    assert "- sglang: attn_res_mix: the read-only mixture" in text

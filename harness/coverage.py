@@ -30,7 +30,8 @@ import pandas as pd
 
 from k3num.engines import subjects
 
-COLUMNS = ("engine", "file", "function", "language", "path", "bound", "runs_here", "properties", "why_not")
+COLUMNS = ("engine", "file", "function", "language", "path", "releases", "bound", "runs_here", "properties",
+           "why_not")
 GPU_ONLY = "test_k3_shapes.py"  # its properties are gpu-marked (full K3 shapes): they skip without CUDA
 PROPERTIES = Path(__file__).resolve().parents[1] / "properties"
 
@@ -194,6 +195,55 @@ def _ops_built() -> bool:
         return False
 
 
+def releases_of(engine: str, file: str, function: str, language: str) -> str:
+    """The fetched pinned releases of the engine's pin whose tree holds `file` (its own, or the release's csrc
+    folder) and, for Python and Triton rows, defines `function`; "-" where the engine reads no pin, "?" where no
+    release of it is fetched here. A row's function that only a newer release has says so."""
+    from k3num.engines import registry
+    from k3num.supply import fetch
+
+    pin = registry.pin_of(engine)
+    if pin is None:
+        return "-"
+    found, fetched, held = [], False, False
+    for version in fetch.releases(pin):
+        spec = fetch.spec_of(fetch.release_pin(f"{pin}@{version}"))
+        if fetch.missing_files(spec):
+            continue
+        fetched = True
+        root = fetch.release_root(spec)
+        path = next((p for p in (root / file, root.with_name(root.name + "-csrc") / file) if p.exists()), None)
+        if path is None:
+            continue
+        held = True
+        if language in ("python", "triton") and path.is_file() and re.fullmatch(r"[\w.]+", function):
+            try:
+                if not _defines(ast.parse(path.read_text(), filename=str(path)), function):
+                    continue
+            except SyntaxError:
+                continue
+        found.append(version)
+    if found:
+        return ", ".join(found)
+    return "none fetched here" if not fetched else ("none" if held else "not pinned")
+
+
+def _defines(tree: ast.Module, qualname: str) -> bool:
+    """Whether the module defines `qualname`: a function, class or assigned name, inside its classes."""
+    node: ast.AST = tree
+    for part in qualname.split("."):
+        body = getattr(node, "body", [])
+        hit = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                    and n.name == part), None)
+        if hit is None:
+            assigned = any(isinstance(t, ast.Name) and t.id == part for n in body if isinstance(n, ast.Assign)
+                           for t in n.targets) or any(isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+                                                      and n.target.id == part for n in body)
+            return assigned and part == qualname.split(".")[-1]
+        node = hit
+    return True
+
+
 def table() -> pd.DataFrame:
     import torch
 
@@ -207,7 +257,8 @@ def table() -> pd.DataFrame:
         if not cuda:  # the gpu-marked K3-shape properties skip here: said on each
             props = [f"{p} (GPU only: skips here)" if p.startswith(GPU_ONLY) else p for p in props]
         rows.append({"engine": r.engine, "file": r.file, "function": r.function, "language": r.language,
-                     "path": r.path, "bound": "yes" if r.subject else "no",
+                     "path": r.path, "releases": releases_of(r.engine, r.file, r.function, r.language),
+                     "bound": "yes" if r.subject else "no",
                      "runs_here": runs_here(r.language, bool(r.subject), cuda, built), "properties": "; ".join(props),
                      "why_not": r.why_not or ("" if props else "bound, but no property test names its subject")})
     return pd.DataFrame(rows, columns=list(COLUMNS)).sort_values(["path", "engine", "bound", "file"],

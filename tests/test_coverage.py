@@ -152,3 +152,22 @@ def test_the_table_says_what_runs_here() -> None:
         k3 = [p for p in "; ".join(t["properties"]).split("; ") if p.startswith(cov.GPU_ONLY)]
         assert k3 and all(p.endswith("(GPU only: skips here)") for p in k3)
         assert set(t.loc[t["language"] == "cuda", "runs_here"]) <= {"stand-in (the compiled op needs CUDA)", "no"}
+
+
+def test_each_row_names_the_pinned_releases_that_hold_its_code() -> None:
+    """The releases column: a function only 0.34.0 defines says 0.34.0, one both define says both, and a
+    class or an assigned name counts as defined."""
+    import ast
+
+    from k3num.supply import fetch
+
+    if fetch.missing_files("vllm") or fetch.missing_files("vllm@0.34.0"):
+        pytest.skip("both vLLM releases are needed (k3num fetch)")
+    t = coverage.table()
+    by = {(r.file, r.function): r.releases for r in t.itertuples()}
+    assert by[("vllm/models/kimi_k3/nvidia/specialized_decode/drafter/model.py", "context_proj")] == "0.34.0"
+    assert by[("vllm/model_executor/utils.py", "refill_derived")] == "0.34.0"
+    assert by[("vllm/models/kimi_k3/nvidia/ops/attn_res.py", "attn_res")] == "0.33.0, 0.34.0"
+    tree = ast.parse("class A:\n    x = 1\n    def f(self): pass\ny: int = 2\n")
+    assert all(coverage._defines(tree, q) for q in ("A", "A.x", "A.f", "y"))
+    assert not any(coverage._defines(tree, q) for q in ("B", "A.g", "A.x.z"))

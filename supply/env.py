@@ -64,8 +64,8 @@ VARS: dict[str, Var] = {
     "TORCH_CUDA_ARCH_LIST": Var("the GPU architecture torch's extension builder compiles for", (),
                                 ("supply/cuda_ops.py",)),
     "MAX_JOBS": Var("the parallel jobs of torch's extension builder", (), ("supply/cuda_ops.py",)),
-    "NCCL_NVLS_ENABLE": Var("NCCL's NVLink multicast (0: off), for the PP ranks it starts", (),
-                            ("harness/pp_ranks.py",)),
+    "NCCL_NVLS_ENABLE": Var("NCCL's NVLink multicast (0: off), for the PP and TP ranks it starts", (),
+                            ("harness/pp_ranks.py", "harness/tp_ranks.py")),
 }
 
 

@@ -198,7 +198,7 @@ def one_process(job: RankJob) -> tuple[RankJob, dict[str, Any], dict[str, str]]:
     return dataclasses.replace(job, engines=tuple(ok)), results, skipped
 
 
-def _rank_main(rank: int, job: RankJob, rdv: str, out_dir: str) -> None:
+def _rank_main(rank: int, work: Callable[[Any, int], Any], job: Any, rdv: str, out_dir: str) -> None:
     import torch.distributed as dist
 
     backend = "nccl" if job.device.startswith("cuda") else "gloo"
@@ -207,19 +207,30 @@ def _rank_main(rank: int, job: RankJob, rdv: str, out_dir: str) -> None:
         job = dataclasses.replace(job, device=f"cuda:{rank}")
     dist.init_process_group(backend, init_method=f"file://{rdv}", rank=rank, world_size=job.world)
     try:
-        torch.save(run_job(job, rank, Link(rank, job.world, job.mutant)), os.path.join(out_dir, f"rank{rank}.pt"))
+        torch.save(work(job, rank), os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-def run_ranks(job: RankJob) -> list[dict[str, Any]]:
-    """Each rank's results (rank 0 first), from `job.world` processes started here."""
+def spawn(work: Callable[[Any, int], Any], job: Any) -> list[Any]:
+    """`work(job, rank)`'s result on each of `job.world` processes started here (rank 0 first), inside a process
+    group (gloo on the CPU, NCCL where `job.device` is cuda: rank r on cuda:r). `work` is a module-level function
+    and `job` a picklable dataclass with `world` and `device` (this module's RankJob, harness/tp_ranks.py's TpJob)."""
     import torch.multiprocessing as mp
 
     env.put("NCCL_NVLS_ENABLE", "0")  # the ranks inherit it: NVLink multicast off
-    with tempfile.TemporaryDirectory(prefix="k3num-pp-ranks-") as tmp:
-        mp.spawn(_rank_main, args=(job, os.path.join(tmp, "rdv"), tmp), nprocs=job.world, join=True)
+    with tempfile.TemporaryDirectory(prefix="k3num-ranks-") as tmp:
+        mp.spawn(_rank_main, args=(work, job, os.path.join(tmp, "rdv"), tmp), nprocs=job.world, join=True)
         return [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(job.world)]
+
+
+def _stage_work(job: RankJob, rank: int) -> dict[str, Any]:
+    return run_job(job, rank, Link(rank, job.world, job.mutant))
+
+
+def run_ranks(job: RankJob) -> list[dict[str, Any]]:
+    """Each rank's results (rank 0 first), from `job.world` processes started here."""
+    return spawn(_stage_work, job)
 
 
 def compare(job: RankJob, ranks: list[dict[str, Any]], one: dict[str, Any]) -> list[str]:

@@ -4,16 +4,16 @@ vLLM 0.34.0's specialized DSpark drafter makes the draft's context projection (p
 K3's size) column-parallel at TP > 1: each rank holds H_out / TP rows of `context_proj.weight`, sharded from the
 whole checkpoint tensor by vLLM's own loader, multiplies the full input by them, and an all-gather rebuilds the
 rows. Its docstring calls this exact ("same dot products, full K per output column"). This module runs `world`
-processes (gloo on the CPU, NCCL on GPUs, one rank each), builds the layer on each rank through the engine's
-extras["context_proj_tp"] (engines/vllm_adapter/context_proj.py), loads the same checkpoint tensor through the
-parameter's weight loader, runs the forward with torch.distributed's all-gather as vLLM's
-`tensor_model_parallel_all_gather` (the ranks' shards concatenated along the last dim in rank order), and returns
-every rank's output to the parent, which compares them with the replicated projection (one GEMM over the whole
-weight, vLLM's stock ReplicatedLinear) bit for bit and judges them against the float64 oracle.
+processes (gloo on the CPU, NCCL on GPUs, one rank each: harness/pp_ranks.py `spawn`), builds the layer on each
+rank through the engine's extras["context_proj_tp"] (engines/vllm_adapter/context_proj.py), loads the same
+checkpoint tensor through the parameter's weight loader, runs the forward with torch.distributed's all-gather as
+vLLM's `tensor_model_parallel_all_gather` (the ranks' shards concatenated along the last dim in rank order), and
+returns every rank's output to the parent, which compares them with the replicated projection (one GEMM over the
+whole weight, vLLM's stock ReplicatedLinear) bit for bit and judges them against the float64 oracle.
 
 `MUTANTS` break one step for the self-test (tests/test_tp_ranks.py): a gather that concatenates in reverse rank
 order, a loader that gives every rank rank 0's rows. Each must make the ranks' output differ from the replicated
-one. NCCL_NVLS_ENABLE=0 is set for the ranks (NVLink multicast off).
+one.
 
 Shapes: x [T, L * H] bf16, weight [H_out, L * H] bf16, each rank's output [T, H_out].
 """
@@ -21,14 +21,10 @@ Shapes: x [T, L * H] bf16, weight [H_out, L * H] bf16, each rank's output [T, H_
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
-
-from k3num.supply import env
 
 MUTANTS = ("", "gather-reversed", "rank0-rows")
 
@@ -110,28 +106,11 @@ def run_rank(job: TpJob, rank: int) -> list[torch.Tensor]:
     return out
 
 
-def _rank_main(rank: int, job: TpJob, rdv: str, out_dir: str) -> None:
-    import torch.distributed as dist
-
-    backend = "nccl" if job.device.startswith("cuda") else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-        job = dataclasses.replace(job, device=f"cuda:{rank}")
-    dist.init_process_group(backend, init_method=f"file://{rdv}", rank=rank, world_size=job.world)
-    try:
-        torch.save(run_rank(job, rank), os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
 def run_ranks(job: TpJob) -> list[list[torch.Tensor]]:
-    """Each rank's outputs (rank 0 first), from `job.world` processes started here."""
-    import torch.multiprocessing as mp
+    """Each rank's outputs (rank 0 first), from `job.world` processes started here (harness/pp_ranks.py `spawn`)."""
+    from k3num.harness import pp_ranks
 
-    env.put("NCCL_NVLS_ENABLE", "0")  # the ranks inherit it: NVLink multicast off
-    with tempfile.TemporaryDirectory(prefix="k3num-tp-ranks-") as tmp:
-        mp.spawn(_rank_main, args=(job, os.path.join(tmp, "rdv"), tmp), nprocs=job.world, join=True)
-        return [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(job.world)]
+    return pp_ranks.spawn(run_rank, job)
 
 
 def compare(job: TpJob, ranks: list[list[torch.Tensor]]) -> list[str]:

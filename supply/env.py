@@ -65,7 +65,7 @@ VARS: dict[str, Var] = {
                                 ("supply/cuda_ops.py",)),
     "MAX_JOBS": Var("the parallel jobs of torch's extension builder", (), ("supply/cuda_ops.py",)),
     "NCCL_NVLS_ENABLE": Var("NCCL's NVLink multicast (0: off), for the PP and TP ranks it starts", (),
-                            ("harness/pp_ranks.py", "harness/tp_ranks.py")),
+                            ("harness/pp_ranks.py",)),
 }
 
 

@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import pandas as pd
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the device machine runs it from a plain checkout
 
 
 def main(argv: list[str] | None = None) -> int:

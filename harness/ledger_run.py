@@ -182,37 +182,91 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _tensors(x: Any) -> list:
+    """The tensors of a recorded value (tensors, tuples or lists of them, dicts), in order."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _tensors(v)]
+    if isinstance(x, dict):
+        return [t for k in sorted(x, key=str) for t in _tensors(x[k])]
+    return []
+
+
+def _int_of() -> dict:
+    import torch
+
+    return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _digest(*values: Any) -> tuple:
+    """A fingerprint of each value, from one host transfer: per tensor its shape, dtype and three sums of its
+    elements' bits read as integers (all, every second, every seventh: no copy is made), the rest of the
+    value as its type. Equal values
+    have equal fingerprints; unequal ones almost never do, and `_same` confirms a match bitwise, so a
+    fingerprint only spares the comparisons (and their device syncs) that could not match."""
+    import torch
+
+    sums, meta = [], []
+    for v in values:
+        ts = _tensors(v)
+        meta.append((tuple((tuple(t.shape), t.dtype) for t in ts), repr(v) if not ts else type(v).__name__))
+        for t in ts:
+            b = t.detach().contiguous().reshape(-1)
+            b = b.view(_int_of()[b.element_size()]) if b.dtype != torch.bool else b.to(torch.uint8)
+            sums.append(torch.stack([b.sum(dtype=torch.int64), b[1::2].sum(dtype=torch.int64),
+                                     b[::7].sum(dtype=torch.int64)]))
+    flat = torch.cat(sums).tolist() if sums else []
+    return tuple(meta), tuple(flat)
+
+
 def record_calls(engine: Any, subjects: tuple[str, ...], into: list) -> Any:
     """`engine` with each subject of `subjects` appending a ledger_models.Call to `into`: its inputs cloned
     before the call (a kernel may rewrite them in place) and its output. The first LIMIT calls are kept; after
     them a call is kept only where its inputs or its output differ from every kept call's (a race's new
     output, 152 calls into a repeat property), up to DISTINCT calls; past that a truncation mark
-    (ledger_models.TRUNCATED) is kept, so no model calls an output it never saw explained."""
+    (ledger_models.TRUNCATED) is kept, so no model calls an output it never saw explained. Kept calls are
+    found by a fingerprint of their inputs and outputs (`_digest`) and confirmed bitwise: a repeat call costs
+    one fingerprint, not a comparison with every kept call (bench/model_cost.py)."""
     from k3num.harness.ledger_models import TRUNCATED, Call
 
     watched = {name: fn for name, fn in getattr(engine, "subjects", {}).items() if name in subjects}
     if not watched:
         return engine
+    # (subject, the inputs' fingerprint) -> the kept calls with those inputs, and their outputs' fingerprints
+    kept: dict[tuple, list[tuple[Any, tuple]]] = {}
 
     def recorder(name: str, fn: Any) -> Any:
         @functools.wraps(fn)
         def call(*args, **kwargs):
             before = (_cloned(args), _cloned(kwargs))
             out = fn(*args, **kwargs)
-            if len(into) < LIMIT:
+            first = len(into) < LIMIT
+            if first and len(into) < LIMIT - 1 and not kept:  # the common case: few calls, no fingerprint
                 into.append(Call(name, before[0], before[1], _cloned(out), engine))
                 return out
-            twins = [c for c in into if c.subject == name and _same(c.args, before[0]) and _same(c.kwargs, before[1])]
-            if any(_same(c.out, out) for c in twins):
+            key_in, key_out = _digest(before, out)
+            if not kept:  # fingerprint the calls kept before the limit was in sight, once
+                for c in into:
+                    if c.subject != TRUNCATED:
+                        k, o = _digest((c.args, c.kwargs), c.out)
+                        kept.setdefault((c.subject, k), []).append((c, o))
+            twins = [(c, o) for c, o in kept.get((name, key_in), ())
+                     if _same(c.args, before[0]) and _same(c.kwargs, before[1])]
+            if not first and any(o == key_out and _same(c.out, out) for c, o in twins):
                 return out  # a repeat of a kept call: nothing new to judge
-            twin = twins[0] if twins else None
-            if len(into) >= DISTINCT:
+            if not first and len(into) >= DISTINCT:
                 if not any(c.subject == TRUNCATED for c in into):
                     into.append(Call(TRUNCATED, (name,), {}, None, engine))
                 return out
+            twin = twins[0][0] if twins else None
             args_kept = twin.args if twin is not None else before[0]  # the same inputs are kept once
             kwargs_kept = twin.kwargs if twin is not None else before[1]
-            into.append(Call(name, args_kept, kwargs_kept, _cloned(out), engine))
+            c = Call(name, args_kept, kwargs_kept, _cloned(out), engine)
+            into.append(c)
+            kept.setdefault((name, key_in), []).append((c, key_out))
             return out
 
         return call

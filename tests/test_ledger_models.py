@@ -77,6 +77,32 @@ def test_k3n_006s_model_explains_its_roundings_and_rejects_one_more_per_tap(seed
     assert "the stage partial of taps [0, 1, 2, 3]" in ledger_models.tap_projections_rounded_to_bf16([bad])
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_k3n_006s_model_judges_every_stage_of_a_split_at_once_and_still_names_the_one_rounded_more(seed: int):
+    """The PP stages of one projection share their taps and weight, so the model judges them together (one
+    batched projection); a split whose stages are all TokenSpeed's arithmetic is explained, and a split where
+    one stage (the middle one) rounds its running sum per tap is not, naming that stage's taps. Stages whose
+    taps differ (no shared projection) are judged one by one, with the same verdicts."""
+    g = torch.Generator().manual_seed(seed)
+    taps, fc = _bf(torch.randn(5, 8, 64, generator=g)), _bf(torch.randn(32, 5 * 64, generator=g) * 0.1)
+    split = [[0, 1], [2, 3], [4]]
+
+    def calls(planted: int, shared: bool) -> list:
+        out = []
+        for j, m in enumerate(split):
+            t = taps.clone() if shared else taps + 0  # a clone either way; `shared` keeps the values equal
+            if not shared and j:
+                t[m] = _bf(torch.randn(len(m), 8, 64, generator=g))  # another stage's own taps
+            out.append(ledger_models.Call(base.STAGE_PARTIAL, (t, fc.clone(), m), {}, _stage(t, fc, m, j == planted)))
+        return out
+
+    for shared in (True, False):
+        assert ledger_models.tap_projections_rounded_to_bf16(calls(-1, shared)) == ""
+        assert "the stage partial of taps [2, 3]" in ledger_models.tap_projections_rounded_to_bf16(calls(1, shared))
+    assert ledger_models._stage_partials_at_once(calls(-1, True))
+    assert not ledger_models._stage_partials_at_once(calls(-1, False))  # different taps: judged call by call
+
+
 # ---- the reproducers' signatures ----------------------------------------------------------------------
 
 
@@ -271,6 +297,38 @@ def test_the_recorder_keeps_every_new_output_past_its_limit_and_marks_what_it_dr
         fn(torch.full((4,), float(i)))
     assert len(many) == ledger_run.DISTINCT + 1 and many[-1].subject == ledger_models.TRUNCATED
     assert "judges only the ones recorded" in ledger_models.explains("K3N-001", many)
+
+
+def test_the_recorders_fingerprint_never_drops_an_output_it_did_not_see():
+    """Past LIMIT a call is dropped only when it equals a kept one bitwise: an output whose fingerprint matches
+    a kept one's (two elements swapped at positions its partial sums do not tell apart) is still kept, and so is
+    one that differs in one bit; an exact repeat is not."""
+    from k3num.harness import ledger_run
+
+    @dataclasses.dataclass(frozen=True)
+    class Engine:
+        subjects: dict
+
+    base_out = torch.arange(8, dtype=torch.float32)
+    swapped = base_out.clone()
+    swapped[[2, 4]] = swapped[[4, 2]]  # the same sum, the same every-second and every-seventh sums
+    one_bit = base_out.clone()
+    one_bit[5] = torch.nextafter(one_bit[5], torch.tensor(100.0))
+    assert ledger_run._digest(swapped) == ledger_run._digest(base_out)  # the case the bitwise check decides
+    late = {ledger_run.LIMIT + 5: swapped, ledger_run.LIMIT + 9: one_bit}
+    n = {"i": 0}
+
+    def subject(t):
+        n["i"] += 1
+        return late.get(n["i"], base_out.clone())
+
+    recorded: list[ledger_models.Call] = []
+    fn = ledger_run.record_calls(Engine({base.AUX_CAPTURE: subject}), (base.AUX_CAPTURE,), recorded).subjects[
+        base.AUX_CAPTURE]
+    for _ in range(ledger_run.LIMIT + 20):
+        fn(torch.zeros(8))
+    assert len(recorded) == ledger_run.LIMIT + 2
+    assert torch.equal(recorded[-2].out, swapped) and torch.equal(recorded[-1].out, one_bit)
 
 
 def test_a_race_failure_its_model_rejects_fails_the_test_with_the_verdict_not_as_hypothesis_flaky():

@@ -165,7 +165,7 @@ def _bf16_np(x: np.ndarray) -> np.ndarray:
     """float64 -> the bf16 value torch's `.to(torch.bfloat16)` gives (through float32, nearest even both times),
     as float64; finite inputs only (the caller checks)."""
     u = x.astype(np.float32).view(np.uint32)
-    u = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    u = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) & ~np.uint32(0xFFFF)  # the low half cleared
     return u.view(np.float32).astype(np.float64)
 
 

@@ -386,3 +386,16 @@ def test_a_race_failure_its_model_rejects_fails_the_test_with_the_verdict_not_as
             run({"calls": 0}, scope=False)
     finally:
         COLLECTOR.node = ""
+
+
+def test_the_models_numpy_bf16_rounding_is_torchs_ties_included():
+    """K3N-006's CPU fast path rounds in numpy (ledger_models._bf16_np): it must give torch's float64 -> bf16
+    value bit for bit, on values over 60 binades and on exact ties and near-ties of bf16's rounding."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(100_000, generator=g, dtype=torch.float64)
+    x = x * torch.exp2(torch.randint(-30, 30, (100_000,), generator=g).double())
+    b = x.to(torch.bfloat16).double()[:25_000]
+    half = torch.exp2(torch.floor(torch.log2(b.abs())) - 8) * torch.tensor([1.0, -1.0]).repeat(12_500)
+    ties = b + half  # exactly halfway between two bf16 neighbours
+    xs = torch.cat([x, ties, ties * (1 + 2.0**-40), ties * (1 - 2.0**-40)])
+    assert (ledger_models._bf16_np(xs.numpy()) == xs.to(torch.bfloat16).double().numpy()).all()

@@ -128,7 +128,7 @@ def two_processes(args: argparse.Namespace, head: Path, base: str) -> str:
     built = []
     for name, tree in (("head", head), ("base", None if base == "pinned" else Path(base))):
         try:
-            src = cuda_ops.sources_for(tree)
+            src = cuda_ops.sources_of(fetch.Source("vllm", tree))
             if cuda_ops.library_path(cuda_ops.arch(), src).is_file():
                 built.append(f"the {name}'s ({src.label})")
         except cuda_ops.BuildError:

@@ -85,7 +85,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
 
 def fetch_targets() -> list[str]:
     # every pinned release: the default's bare name, the others as ENGINE@VERSION (supply/fetch.py RELEASES)
-    return (sorted(fetch.all_release_specs()) + [f"{name}-csrc" for name in sorted(fetch.SDISTS)]
+    return (sorted(fetch.all_release_specs()) + [f"{spec}-csrc" for spec in fetch.csrc_specs()]
             + sorted({f"{b.engine}-bin" for b in fetch.BINARIES.values()}))
 
 
@@ -111,7 +111,10 @@ def cmd_build_ops(args: argparse.Namespace) -> int:
         if unknown:
             raise ValueError(f"--engine-src {unknown[0]}: build-ops builds vLLM's ops only (--engine-src vllm=PATH)")
         cuda_ops.arch()  # no CUDA: said before the checkout is read, nothing made in the cache
-        src = cuda_ops.checkout_sources(local["vllm"]) if "vllm" in local else cuda_ops.pinned_sources()
+        # a checkout's csrc, or the pinned sdist of the release named (`--engine-src vllm=<a release's cache tree>`,
+        # as `--engine vllm@0.33.0` sets it; default: the newest)
+        vllm = fetch.Source("vllm", local.get("vllm"))
+        src = cuda_ops.checkout_sources(vllm.local, vllm.pin.version) if vllm.local else cuda_ops.sources_of(vllm)
         so = cuda_ops.build(verbose=args.verbose, jobs=args.jobs, src=src)
     except (cuda_ops.BuildError, ValueError) as e:
         print(f"[build-ops] ERROR: {e}", file=sys.stderr)

@@ -1,14 +1,16 @@
-"""`k3num build-ops`: vLLM 0.33.0's own CUDA ops for the fused context-KV path, built on this machine.
+"""`k3num build-ops`: vLLM's own CUDA ops for the fused context-KV path, built on this machine from the csrc
+of the release a run reads (0.34.0 by default, 0.33.0 for `--engine vllm@0.33.0`: each pinned release's sdist,
+`fetch.SDIST_RELEASES`, or a checkout's csrc).
 
 What `K3DSparkModel._precompute_fused_context_kv` calls through `vllm/_custom_ops.py`:
 `torch.ops._C.rms_norm` (with a 2-D grouped weight), `torch.ops._C.rotary_embedding` and
 `torch.ops._C_cache_ops.concat_and_cache_mla_grouped` (the K3 grouped MLA cache insert of
-csrc/cache_kernels.cu). vLLM 0.33.0 pins torch 2.14, but these kernels are registered through
+csrc/cache_kernels.cu). vLLM 0.33.0 and 0.34.0 pin torch 2.14, but these kernels are registered through
 torch's stable ABI with TORCH_TARGET_VERSION 2.11 (vLLM's CMakeLists), so they build against
 an older torch too.
 
 The build:
-- sources: the pinned sdist's csrc include closure (`k3num fetch vllm-csrc`, hash-checked; a
+- sources: the pinned sdist's csrc include closure (`k3num fetch vllm-csrc`, `vllm@0.33.0-csrc`; hash-checked; a
   machine without network carries that folder) — `layernorm_kernels.cu`,
   `pos_encoding_kernels.cu`, `cache_kernels.cu` compiled whole, and a registration file of our
   own (`REGISTRATION` below) whose op schemas are read from the sdist's
@@ -177,7 +179,7 @@ class CudaSources:
     the build is cached by (the sdist's, or one over the checkout's files: name and bytes)."""
 
     root: Path
-    label: str  # "0.33.0" or "0.33.0+local"
+    label: str  # "0.34.0" or "0.34.0+local"
     digest: str
     origin: str  # what the records' real_ops say the ops were built from
 
@@ -185,17 +187,31 @@ class CudaSources:
     def local(self) -> bool:
         return self.label.endswith("+local")
 
+    @property
+    def spec(self) -> str:
+        """The pinned csrc it is (ENGINE@VERSION), or whose contract a checkout's is compared with."""
+        return f"{ENGINE}@{self.label.removesuffix('+local')}"
 
-def pinned_sources() -> CudaSources:
-    return CudaSources(fetch.csrc_dir(ENGINE), fetch.PINS[ENGINE].version, fetch.SDISTS[ENGINE].sha256,
-                       f"{fetch.SDISTS[ENGINE].filename}, sha256 {fetch.SDISTS[ENGINE].sha256[:12]}...")
+
+def pinned_sources(version: str | None = None) -> CudaSources:
+    """The csrc of the pinned release `version` (None: the default's); BuildError for a release with no pinned
+    sdist."""
+    try:
+        pin = fetch.sdist_pin(ENGINE if version is None else f"{ENGINE}@{version}")
+    except fetch.FetchError as e:
+        raise BuildError(str(e)) from None
+    return CudaSources(fetch.csrc_dir(f"{ENGINE}@{pin.version}"), pin.version, pin.sha256,
+                       f"{pin.filename}, sha256 {pin.sha256[:12]}...")
 
 
-def checkout_sources(tree: Path) -> CudaSources:
+def checkout_sources(tree: Path, version: str | None = None) -> CudaSources:
     """A checkout's csrc for the bound ops: its include closure of the pinned roots, read from `tree`, checked
-    against the pinned contract (BuildError naming every missing file, and every op whose schema in
-    csrc/torch_bindings.cpp differs from the pinned sdist's)."""
-    roots = fetch.SDISTS[ENGINE].roots
+    against the pinned contract of its release (`version`, the tree's own, when that release's sdist is pinned;
+    else the default's): BuildError naming every missing file, and every op whose schema in
+    csrc/torch_bindings.cpp differs from the pinned sdist's."""
+    base = version if version is not None and version in {p.version for p in fetch.SDIST_RELEASES[ENGINE]} else None
+    pinned = pinned_sources(base)
+    roots = fetch.sdist_pin(pinned.spec).roots
     missing = [r for r in roots if not (tree / r).is_file()]
     if missing:
         raise BuildError(f"{tree}: the checkout's csrc lacks {', '.join(missing)} (the bound ops are built from "
@@ -209,18 +225,18 @@ def checkout_sources(tree: Path) -> CudaSources:
         files = fetch.include_closure(read, roots)
     except fetch.FetchError as e:
         raise BuildError(f"{tree}: {e}") from e
-    _same_schemas(tree)
+    _same_schemas(tree, pinned)
     h = hashlib.sha256()
     for rel in files:
         h.update(rel.encode() + b"\0" + (tree / rel).read_bytes() + b"\0")
     digest = h.hexdigest()
-    return CudaSources(tree, f"{fetch.PINS[ENGINE].version}+local", digest,
+    return CudaSources(tree, f"{pinned.label}+local", digest,
                        f"the checkout {tree} ({len(files)} csrc files, sha256 {digest[:12]}...)")
 
 
-def _same_schemas(tree: Path) -> None:
+def _same_schemas(tree: Path, pinned: CudaSources) -> None:
     """BuildError when the checkout declares a bound op with another schema than the pinned sdist."""
-    pinned_bindings = fetch.csrc_dir(ENGINE) / BINDINGS
+    pinned_bindings = pinned.root / BINDINGS
     if not pinned_bindings.is_file():
         return  # nothing pinned to compare with here (k3num fetch vllm-csrc); the checkout's own are used
     want, got = schemas(pinned_bindings.read_text()), schemas((tree / BINDINGS).read_text(errors="replace"))
@@ -230,12 +246,18 @@ def _same_schemas(tree: Path) -> None:
         raise BuildError(f"contract changed: {BINDINGS}: {'; '.join(changed)}")
 
 
-def sources_for(tree: Path | None = None) -> CudaSources:
+def sources_of(source: fetch.Source) -> CudaSources:
+    """The csrc a run's vLLM source builds its ops from: a checkout's own csrc, or the pinned sdist of the
+    release it reads (a pinned release's cache tree named as a path is that release)."""
+    return sources_for(source.local, source.pin.version)
+
+
+def sources_for(tree: Path | None = None, version: str | None = None) -> CudaSources:
     """The sources of the engine's tree here: the checkout's csrc when `tree` (the local vLLM tree) has one,
-    else the pinned sdist's."""
+    else the pinned sdist of the release the run reads (`version`; None: the default)."""
     if tree is not None and (tree / "csrc").is_dir():
-        return checkout_sources(tree)
-    return pinned_sources()
+        return checkout_sources(tree, version)
+    return pinned_sources(version)
 
 
 def build_key(gpu_arch: str, src: CudaSources | None = None) -> str:
@@ -316,10 +338,10 @@ def _build_into(out: Path, gpu_arch: str, src: CudaSources, *, verbose: bool, jo
     import tempfile
 
     if not src.local:
-        problems = fetch.csrc_problems(ENGINE)
+        problems = fetch.csrc_problems(src.spec)
         if problems:
             try:
-                fetch.fetch_csrc(ENGINE, log=log)
+                fetch.fetch_csrc(src.spec, log=log)
             except fetch.FetchError as e:
                 raise BuildError(f"the pinned csrc is not here and cannot be fetched ({'; '.join(problems)}): "
                                  f"{e}") from e

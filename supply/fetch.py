@@ -130,8 +130,10 @@ _VLLM_034 = Pin(
     manifest_sha256="54aac848c313ec0a1dcfeb05e14058443f143f4714e0276c139a07cb62ef17ac", builds=_VLLM_033.builds,
 )
 
+# each engine's default release: its newest pinned one (the issue on releases: a harness a release behind is one
+# kernel authors stop running); the older ones are named ENGINE@VERSION (RELEASES)
 PINS: dict[str, Pin] = {
-    "vllm": _VLLM_033,
+    "vllm": _VLLM_034,
     "tokenspeed": Pin(
         "tokenspeed", "tokenspeed", "0.1.1", "c20d4e87830c821f0b36f665baff999c4d08603b38becc6be33dc2636b97fb19",
         (VERSION_FILES["tokenspeed"], "tokenspeed/runtime/models/kimi_k3_dspark.py",
@@ -818,21 +820,57 @@ class SdistPin:
     manifest_sha256: str = ""
     index: str = "https://pypi.org/simple/"
 
-
-SDISTS: dict[str, SdistPin] = {
-    "vllm": SdistPin(
-        "vllm", "vllm-0.33.0.tar.gz", "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112",
-        ("csrc/layernorm_kernels.cu", "csrc/pos_encoding_kernels.cu", "csrc/cache_kernels.cu",
-         "csrc/torch_bindings.cpp", "csrc/ops.h",
-         # the SM100-only AttnRes kernel (supply/cuda_ops.py builds it on a 10.0-family GPU only)
-         "csrc/kimi_k3/attn_res_kernel.cu"),
-        manifest_sha256="0e0146bd86212a356bc61fcf26f4af664554d17f50abe446846cd73a8cb07de1",
-    ),
-}
+    @property
+    def version(self) -> str:
+        """The release it is (its file name: ENGINE-VERSION.tar.gz)."""
+        return self.filename.removeprefix(f"{self.engine}-").removesuffix(".tar.gz")
 
 
-def csrc_dir(engine: str) -> Path:
-    pin = PINS[engine]
+_VLLM_CSRC_ROOTS = (
+    "csrc/layernorm_kernels.cu", "csrc/pos_encoding_kernels.cu", "csrc/cache_kernels.cu",
+    "csrc/torch_bindings.cpp", "csrc/ops.h",
+    # the SM100-only AttnRes kernel (supply/cuda_ops.py builds it on a 10.0-family GPU only)
+    "csrc/kimi_k3/attn_res_kernel.cu")
+_VLLM_033_SDIST = SdistPin(
+    "vllm", "vllm-0.33.0.tar.gz", "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112",
+    _VLLM_CSRC_ROOTS, manifest_sha256="0e0146bd86212a356bc61fcf26f4af664554d17f50abe446846cd73a8cb07de1")
+# 0.34.0's csrc: layernorm, pos_encoding and the SM100 attn_res kernel byte-identical to 0.33.0's; cache_kernels.cu,
+# torch_bindings.cpp and ops.h changed (an asymmetric-head reshape_and_cache, the MLA insert's optional RoPE tail)
+_VLLM_034_SDIST = SdistPin(
+    "vllm", "vllm-0.34.0.tar.gz", "fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113",
+    _VLLM_CSRC_ROOTS, manifest_sha256="96c7a6910f97a041682a0e2465e8c74aa321768d560155736cf435cb26c22db2")
+
+# Every pinned source distribution of each engine, by release (the compiled ops of a run are built from the csrc
+# of the release it reads: `csrc_dir("vllm@0.33.0")`), and each engine's default one (`PINS`' release).
+SDIST_RELEASES: dict[str, tuple[SdistPin, ...]] = {"vllm": (_VLLM_033_SDIST, _VLLM_034_SDIST)}
+SDISTS: dict[str, SdistPin] = {e: next(p for p in pins if p.version == PINS[e].version)
+                               for e, pins in SDIST_RELEASES.items()}
+
+
+def sdist_pin(spec: str) -> SdistPin:
+    """The SdistPin of ENGINE (its default release's) or ENGINE@VERSION; FetchError listing the pinned ones."""
+    engine, at, version = spec.partition("@")
+    if engine not in SDISTS:
+        raise FetchError(f"{engine}: no pinned source distribution; pinned: {sorted(SDISTS)}")
+    if not at:
+        return SDISTS[engine]
+    pins = (*SDIST_RELEASES.get(engine, ()), SDISTS[engine])
+    found = next((p for p in pins if p.version == version), None)
+    if found is None:
+        raise FetchError(f"{spec}: no pinned source distribution of that release; pinned: "
+                         f"{', '.join(sorted({f'{engine}@{p.version}' for p in pins}))}")
+    return found
+
+
+def csrc_specs() -> list[str]:
+    """Every pinned csrc as a spec: the default's bare engine name, the others ENGINE@VERSION."""
+    return [e if p is SDISTS[e] else f"{e}@{p.version}" for e in SDISTS
+            for p in dict.fromkeys((*SDIST_RELEASES.get(e, ()), SDISTS[e]))]
+
+
+def csrc_dir(spec: str) -> Path:
+    """Where ENGINE[@VERSION]'s csrc subset is extracted: <cache>/ENGINE-VERSION-csrc."""
+    pin = sdist_pin(spec)
     return cache_root() / f"{pin.engine}-{pin.version}-csrc"
 
 
@@ -892,11 +930,11 @@ def _download_sdist(pin: SdistPin, target: Path, log: Log) -> None:
 
 
 def fetch_csrc(engine: str, *, log: Log = print) -> Path:
-    """The engine's pinned C++/CUDA sources in `csrc_dir(engine)`: the sdist downloaded (or found in
-    <cache>/sdists), checked against its pin, and its include closure of `SdistPin.roots`
-    extracted with a MANIFEST.json whose own sha256 is pinned. Idempotent; repairs a changed tree."""
-    if engine not in SDISTS:
-        raise FetchError(f"{engine}: no pinned source distribution; pinned: {sorted(SDISTS)}")
+    """The pinned C++/CUDA sources of `engine` (ENGINE, its default release, or ENGINE@VERSION) in
+    `csrc_dir(engine)`: the sdist downloaded (or found in <cache>/sdists), checked against its pin, and its
+    include closure of `SdistPin.roots` extracted with a MANIFEST.json whose own sha256 is pinned.
+    Idempotent; repairs a changed tree."""
+    sdist_pin(engine)  # FetchError for an engine or release with no pinned sdist
     root = csrc_dir(engine)
     if not csrc_problems(engine):
         log(f"[fetch] {engine} csrc: up to date in {root} (hashes checked)")
@@ -911,7 +949,7 @@ def fetch_csrc(engine: str, *, log: Log = print) -> Path:
 def _extract_csrc(engine: str, root: Path, log: Log) -> Path:
     """The include closure written from the checked sdist (under the tree's lock; files replaced
     atomically, the manifest last: see `atomic_write`)."""
-    pin = SDISTS[engine]
+    pin = sdist_pin(engine)
     remove_temporaries(root)
     archive = cache_root() / "sdists" / pin.filename
     if not archive.exists():
@@ -953,7 +991,7 @@ def _extract_csrc(engine: str, root: Path, log: Log) -> Path:
 
 def csrc_problems(engine: str) -> list[str]:
     """What in the extracted csrc tree differs from its pinned manifest ([] when all is as pinned)."""
-    pin, root = SDISTS[engine], csrc_dir(engine)
+    pin, root = sdist_pin(engine), csrc_dir(engine)
     mpath = root / MANIFEST
     if not mpath.exists():
         return [f"{mpath}: missing (run `k3num fetch {engine}-csrc`)"]

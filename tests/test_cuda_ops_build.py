@@ -186,7 +186,7 @@ def checkout(tmp_path: Path) -> Path:
 
 def test_a_checkouts_csrc_is_built_as_local_and_cached_by_the_hash_of_its_files(checkout: Path) -> None:
     src = cuda_ops.checkout_sources(checkout)
-    assert src.local and src.label == "0.33.0+local" and src.root == checkout
+    assert src.local and src.label == f"{fetch.PINS['vllm'].version}+local" and src.root == checkout
     assert cuda_ops.build_key("90", src) != cuda_ops.build_key("90")  # not the pinned build
     with open(checkout / "csrc" / "cache_kernels.cu", "a") as fh:
         fh.write("// a change of the head\n")
@@ -300,3 +300,23 @@ def test_the_vllm_attn_res_subject_takes_the_native_op_exactly_where_vllms_wrapp
     assert got[:5] == ["7168 3 True native", "7168 8 True native", "7168 9 True triton", "4096 3 True triton",
                        "7168 3 False triton"], proc.stdout
     assert "needs SM100" in cuda_ops.native_attn_res_note()
+
+
+def test_each_release_builds_its_ops_from_its_own_pinned_csrc() -> None:
+    """A run reading vllm@0.33.0 builds (and loads) 0.33.0's ops, the default run the default release's: each
+    release's sdist is pinned (fetch.SDIST_RELEASES), its csrc extracted beside the other's, its build cached by
+    its own sha256; a release with no pinned sdist is refused listing the pinned ones."""
+    default = fetch.PINS["vllm"].version
+    assert fetch.SDISTS["vllm"].version == default == fetch.releases("vllm")[-1]
+    assert fetch.csrc_specs() == ["vllm@0.33.0", "vllm"]
+    old = cuda_ops.sources_of(fetch.Source("vllm@0.33.0"))
+    new = cuda_ops.sources_of(fetch.Source("vllm"))
+    assert (old.label, old.root.name, old.spec) == ("0.33.0", "vllm-0.33.0-csrc", "vllm@0.33.0")
+    assert (new.label, new.root.name) == (default, f"vllm-{default}-csrc")
+    assert old.digest == fetch.sdist_pin("vllm@0.33.0").sha256 != new.digest == fetch.SDISTS["vllm"].sha256
+    assert cuda_ops.build_key("90", old) != cuda_ops.build_key("90", new)
+    with pytest.raises(fetch.FetchError, match=r"vllm@0.32.0: no pinned source distribution of that release; "
+                                               r"pinned: vllm@0.33.0, vllm@0.34.0"):
+        fetch.sdist_pin("vllm@0.32.0")
+    with pytest.raises(cuda_ops.BuildError, match="no pinned source distribution"):
+        cuda_ops.pinned_sources("0.32.0")

@@ -210,7 +210,7 @@ def _built_ops(src: fetch.Source, interpret: bool) -> tuple[Any | None, str, str
     from k3num.supply import cuda_ops
 
     try:  # a checkout with its own csrc runs the ops built from it (`k3num build-ops --engine-src vllm=PATH`)
-        csrc = cuda_ops.sources_for(src.local)
+        csrc = cuda_ops.sources_of(src)
     except cuda_ops.BuildError as e:
         return None, STANDIN_OPS, str(e)
     so, why = cuda_ops.load(csrc)

@@ -317,10 +317,10 @@ def score_without_source_rms(text: str, path: str) -> str:
 def layer0_norm_for_every_layer(text: str, path: str) -> str:
     """Planted bug (a copy-paste slip in real code the adapter used to replace): _build_fused_context_kv_metadata
     stacks layer 0's kv_a_layernorm weight for every draft layer, so the grouped norm normalises every layer's
-    kv_c with layer 0's weight."""
+    kv_c with layer 0's weight (0.33.0 stacks the list in place, 0.34.0 names it `norms` first: one line each)."""
     lines = text.splitlines(keepends=True)
     lo, hi = _method_lines(text, "_build_fused_context_kv_metadata", path)
-    i = _one(lines, lo, hi, r"^\s*\[attn\.kv_a_layernorm\.weight\.detach\(\) for attn in attentions\], dim=0\s*$", path)
+    i = _one(lines, lo, hi, r"\[attn\.kv_a_layernorm\.weight\.detach\(\) for attn in attentions\]", path)
     lines[i] = lines[i].replace("[attn.kv_a_layernorm", "[attn0.kv_a_layernorm")
     return "".join(lines)
 

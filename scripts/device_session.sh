@@ -94,7 +94,8 @@
 #   mechanism check and lead 2's variants, and scripts/prove_fixes.py (each ledger fix on a patched copy).
 #   `sanitize` runs scripts/gpu_sanitize.py (every kernel subject under memcheck, racecheck, initcheck and
 #   synccheck; compute-sanitizer from PATH or /usr/local/cuda/bin). `ops` builds
-#   vLLM's CUDA ops from the carried csrc (engine-cache/vllm-0.33.0-csrc; `k3num build-ops`), times the
+#   vLLM's CUDA ops of each release in K3NUM_OPS_RELEASES (default "0.34.0 0.33.0") from the carried csrc
+#   (engine-cache/vllm-RELEASE-csrc; `k3num build-ops --engine-src vllm=<that release's cache tree>`), times the
 #   fused context-KV path against the unfused one with them (bench/context_kv_speed.py), and runs the
 #   context-KV properties on them (mode source-gpu+ops) at small shapes (K3NUM_OPS_SMALL_PROFILE,
 #   default ci) and K3 shapes (K3NUM_OPS_K3_PROFILE, default nightly-1k). (k3 and small run side by
@@ -131,7 +132,7 @@ small_engines=${K3NUM_SMALL_ENGINES:-vllm vllm-rocm sglang tokenspeed}
     python -c "import torch, triton, hypothesis; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'triton', triton.__version__, 'hypothesis', hypothesis.__version__)"
 } | tee "$out/env.txt"
-for e in vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
+for e in vllm-0.34.0 vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
 tpgemm=0 around=0 contract=0 race7=0 release=0 ledger=0 tokens=0 ranks=0 known=0 bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0 nightly=0
@@ -587,27 +588,40 @@ if want csrc; then
     fi
 fi
 if want ops; then
-    echo "== vLLM's CUDA ops: build, speed, properties"
-    [ -f "$K3NUM_ENGINE_CACHE/vllm-0.33.0-csrc/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/vllm-0.33.0-csrc (carry it)"; exit 2; }
-    t0=$(date +%s)
-    python -m k3num.harness.cli build-ops --jobs "$(nproc)" 2>&1 | tee "$out/build_ops.log"
-    ops=${PIPESTATUS[0]}
-    echo "build-ops: exit $ops in $(( $(date +%s) - t0 )) s" | tee -a "$out/build_ops.log"
-    if [ "$ops" -eq 0 ]; then
-        python bench/context_kv_speed.py --reps "${K3NUM_BENCH_REPS:-20}" --csv "$out/context_kv_speed.csv" \
-            | tee "$out/context_kv_speed.md" || ops=1
-        ckv="properties/test_context_kv.py properties/test_context_kv_ops.py"
-        timeout -s INT "${K3NUM_OPS_SMALL_TIMEOUT:-150}" python -m pytest $ckv --engine vllm -p no:cacheprovider -q \
-            --hypothesis-profile="${K3NUM_OPS_SMALL_PROFILE:-ci}" --drift-csv "$out/ops_small.csv" 2>&1 \
-            | tail -n 25 | tee "$out/ops_small.log"
+    # vLLM's compiled ops of each release in K3NUM_OPS_RELEASES (default: the default release, 0.34.0, then 0.33.0),
+    # each built from its own pinned csrc (carry engine-cache/vllm-RELEASE-csrc): the build, the fused path's speed
+    # (the default release only), the context-KV properties at small shapes and K3 shapes, one pytest per release
+    # (one process registers one library of these op names)
+    echo "== vLLM's CUDA ops: build, speed, properties (releases: ${K3NUM_OPS_RELEASES:-0.34.0 0.33.0})"
+    for rel in ${K3NUM_OPS_RELEASES:-0.34.0 0.33.0}; do
+        [ -f "$K3NUM_ENGINE_CACHE/vllm-$rel-csrc/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/vllm-$rel-csrc (carry it)"; ops=1; continue; }
+        [ -f "$K3NUM_ENGINE_CACHE/vllm-$rel/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/vllm-$rel (carry it)"; ops=1; continue; }
+        spec="vllm@$rel"
+        t0=$(date +%s)
+        python -m k3num.harness.cli build-ops --jobs "$(nproc)" --engine-src "vllm=$K3NUM_ENGINE_CACHE/vllm-$rel" 2>&1 \
+            | tee "$out/build_ops-$rel.log"
+        rc=${PIPESTATUS[0]}
+        echo "build-ops $spec: exit $rc in $(( $(date +%s) - t0 )) s" | tee -a "$out/build_ops-$rel.log"
+        if [ "$rc" -ne 0 ]; then ops=1; continue; fi
+        if [ -z "${speed_done:-}" ]; then  # the first release's build (the speed table is of one library)
+            speed_done=1
+            python bench/context_kv_speed.py --reps "${K3NUM_BENCH_REPS:-20}" --csv "$out/context_kv_speed.csv" \
+                | tee "$out/context_kv_speed.md" || ops=1
+        fi
+        ckv="properties/test_context_kv.py properties/test_context_kv_ops.py properties/test_ledger_reproducers.py"
+        timeout -s INT "${K3NUM_OPS_SMALL_TIMEOUT:-150}" python -m pytest $ckv --engine "$spec" -p no:cacheprovider -q \
+            -rfEsx --hypothesis-profile="${K3NUM_OPS_SMALL_PROFILE:-ci}" --drift-csv "$out/ops_small-$rel.csv" 2>&1 \
+            | grep -E "^(FAILED|ERROR|XFAIL|XPASS)|passed|failed|source-gpu" | cut -c1-300 | tee "$out/ops_small-$rel.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || ops=1
-        timeout -s INT "${K3NUM_OPS_K3_TIMEOUT:-240}" python -m pytest properties/test_k3_shapes.py --engine vllm \
-            -k "context_kv or cache_slot or row_block" -p no:cacheprovider -q \
-            --hypothesis-profile="${K3NUM_OPS_K3_PROFILE:-nightly-1k}" --drift-csv "$out/ops_k3.csv" \
-            --hypothesis-show-statistics 2>&1 | grep -E "passing examples|Stopped because|passed|failed|error|ERROR|k3-numerics|source-gpu|vllm " \
-            | tee "$out/ops_k3.log"
-        [ "${PIPESTATUS[0]}" -eq 0 ] || ops=1
-    fi
+        if [ "${K3NUM_OPS_K3_PROFILE:-nightly-1k}" != none ]; then
+            timeout -s INT "${K3NUM_OPS_K3_TIMEOUT:-240}" python -m pytest properties/test_k3_shapes.py --engine "$spec" \
+                -k "context_kv or cache_slot or row_block" -p no:cacheprovider -q \
+                --hypothesis-profile="${K3NUM_OPS_K3_PROFILE:-nightly-1k}" --drift-csv "$out/ops_k3-$rel.csv" \
+                --hypothesis-show-statistics 2>&1 | grep -E "passing examples|Stopped because|passed|failed|error|ERROR|k3-numerics|source-gpu|vllm " \
+                | tee "$out/ops_k3-$rel.log"
+            [ "${PIPESTATUS[0]}" -eq 0 ] || ops=1
+        fi
+    done
 fi
 if want bench; then
     echo "== engine kernel bandwidth"

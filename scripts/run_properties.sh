@@ -13,5 +13,5 @@ k3num fetch || echo "[properties] WARNING: k3num fetch failed: the real engines 
 args=("$@")
 case " ${args[*]-} " in *" --drift-csv"*|*" --drift-dir"*) ;; *) args+=(--drift-dir out) ;; esac
 case " ${args[*]-} " in *" --hypothesis-profile"*) ;; *) args+=(--hypothesis-profile=ci) ;; esac
-# once on the default engines, then once per other pinned release (vllm@0.34.0): harness/main_job.py
+# once on the default engines, then once per other pinned release (vllm@0.33.0): harness/main_job.py
 exec python -m k3num.harness.main_job "${args[@]}"

@@ -85,7 +85,8 @@ def test_a_second_bug_on_vllm_rocm_fails_its_token_property_around_k3n_001(tmp_p
     r = _tokens(control)
     out = r.stdout + r.stderr
     assert r.returncode == 0 and "1 passed, 6 deselected, 1 xfailed" in out, out[-3000:]
-    assert "vllm-rocm+fix-K3N-001 0.33.0+local: source-interpreter (K3N-001/002's fix applied" in out
+    version = fetch.PINS["vllm"].version
+    assert f"vllm-rocm+fix-K3N-001 {version}+local: source-interpreter (K3N-001/002's fix applied" in out
 
 
 def test_impact_sees_a_second_bug_on_vllm_rocm_around_k3n_001(tmp_path: Path) -> None:

@@ -129,7 +129,8 @@ def test_bad_input_is_a_usage_error_of_one_line_before_anything_runs(args: tuple
 def test_fetch_refuses_an_unknown_target_listing_every_valid_one(capsys) -> None:
     assert cli.main(["fetch", "bogus"]) == 2
     err = capsys.readouterr().err
-    assert "unknown target(s) bogus; valid: sglang, tokenspeed, vllm, vllm@0.34.0, vllm-csrc, tokenspeed-bin" in err
+    assert ("unknown target(s) bogus; valid: sglang, tokenspeed, vllm, vllm@0.33.0, vllm@0.33.0-csrc, vllm-csrc, "
+            "tokenspeed-bin") in err
 
 
 # --- the log ----------------------------------------------------------------------------------------

@@ -124,7 +124,7 @@ def test_a_process_killed_mid_repair_leaves_no_partial_file_under_a_real_name(ta
     env = dict(os.environ, K3NUM_ENGINE_CACHE=str(tampered_cache))
     r = subprocess.run([sys.executable, "-c", KILLED, "vllm"], env=env, cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == -9, (r.returncode, r.stderr[-2000:])
-    tree = tampered_cache / "vllm-0.33.0"
+    tree = tampered_cache / f"vllm-{fetch.PINS['vllm'].version}"
     wheel_bytes = _wheel_files("vllm")
     for rel in fetch.PINS["vllm"].files:
         data = (tree / rel).read_bytes()
@@ -135,7 +135,8 @@ def test_a_process_killed_mid_repair_leaves_no_partial_file_under_a_real_name(ta
     r = subprocess.run([sys.executable, "-c", "import sys; from k3num.supply import fetch; "
                         "fetch.verified_manifest('vllm')"], env=env, cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert re.search(r"took over .*vllm-0\.33\.0\.lock from process \d+, which died holding it", r.stderr), r.stderr
+    lock = re.escape(f"vllm-{fetch.PINS['vllm'].version}.lock")
+    assert re.search(rf"took over .*{lock} from process \d+, which died holding it", r.stderr), r.stderr
     assert _pinned_everywhere(tampered_cache)["vllm"] == []
     assert not list(tree.rglob(f"*{fetch.TMP_SUFFIX}"))
 

@@ -149,17 +149,20 @@ ATTN = "vllm/models/kimi_k3/nvidia/ops/attn_res.py"
 REAL_WHEELS: list[Path] = [Path()]  # the real cache's wheels folder, set by the fixture before it moves the cache
 
 
+TREE = f"vllm-{fetch.PINS['vllm'].version}"  # the default release's cache tree
+
+
 @pytest.fixture
 def vllm_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A copy of the fetched vLLM files (no wheels) with one line appended to the attn_res kernel;
     REAL_WHEELS[0] is where the real cache keeps its wheels."""
     if fetch.cache_problems("vllm") != [] or not (fetch.cache_root() / "wheels").exists():
-        pytest.skip("vllm 0.33.0 is not fetched here: run `k3num fetch vllm`")
+        pytest.skip(f"vllm {fetch.PINS['vllm'].version} is not fetched here: run `k3num fetch vllm`")
     real = fetch.cache_root()
     REAL_WHEELS[0] = real / "wheels"
     copy = tmp_path / "engines"
-    shutil.copytree(real / "vllm-0.33.0", copy / "vllm-0.33.0")
-    with open(copy / "vllm-0.33.0" / ATTN, "a") as fh:
+    shutil.copytree(real / TREE, copy / TREE)
+    with open(copy / TREE / ATTN, "a") as fh:
         fh.write("# patched by hand\n")
     monkeypatch.setenv("K3NUM_ENGINE_CACHE", str(copy))
     monkeypatch.delenv("K3NUM_ENGINE_SRC", raising=False)
@@ -169,8 +172,8 @@ def vllm_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_a_hand_patched_vllm_kernel_is_refused_without_the_wheel(vllm_copy: Path) -> None:
-    pinned = json.loads((vllm_copy / "vllm-0.33.0" / fetch.MANIFEST).read_text())[ATTN]
-    found = fetch.sha256_of(vllm_copy / "vllm-0.33.0" / ATTN)
+    pinned = json.loads((vllm_copy / TREE / fetch.MANIFEST).read_text())[ATTN]
+    found = fetch.sha256_of(vllm_copy / TREE / ATTN)
     with pytest.raises(registry.EngineUnavailable, match=f"{ATTN}: expected sha256 {pinned}, found {found}"):
         registry.build("vllm", mode="source")
 
@@ -179,6 +182,6 @@ def test_a_hand_patched_vllm_kernel_is_replaced_by_the_pinned_bytes_before_it_ru
     (vllm_copy / "wheels").symlink_to(REAL_WHEELS[0], target_is_directory=True)
     engine = registry.build("vllm", mode="source")
     pinned = fetch.manifest("vllm")[ATTN]
-    assert engine.version == "0.33.0" and engine.source_sha256["attn_res"] == pinned
-    assert fetch.sha256_of(vllm_copy / "vllm-0.33.0" / ATTN) == pinned
+    assert engine.version == fetch.PINS["vllm"].version and engine.source_sha256["attn_res"] == pinned
+    assert fetch.sha256_of(vllm_copy / TREE / ATTN) == pinned
 

@@ -353,12 +353,12 @@ def test_two_processes_are_taken_where_a_side_runs_built_ops(tmp_path, monkeypat
 
     args = SimpleNamespace(processes="auto", engine="vllm", device="cuda")
     monkeypatch.setattr(cuda_ops, "arch", lambda: "90")
-    monkeypatch.setattr(cuda_ops, "sources_for",
-                        lambda tree: SimpleNamespace(label="0.33.0+local" if tree else "0.33.0"))
+    monkeypatch.setattr(cuda_ops, "sources_of",
+                        lambda source: SimpleNamespace(label="0.34.0+local" if source.local else "0.34.0"))
     monkeypatch.setattr(cuda_ops, "library_path", lambda a, src: tmp_path / f"{src.label}.so")
     assert check.two_processes(args, tmp_path, "pinned") == ""  # nothing built: one process
-    (tmp_path / "0.33.0.so").write_bytes(b"")
-    assert "the base's (0.33.0) compiled ops are built" in check.two_processes(args, tmp_path, "pinned")
+    (tmp_path / "0.34.0.so").write_bytes(b"")
+    assert "the base's (0.34.0) compiled ops are built" in check.two_processes(args, tmp_path, "pinned")
     assert check.two_processes(SimpleNamespace(**{**vars(args), "device": None}), tmp_path, "pinned") == ""
     assert check.two_processes(SimpleNamespace(**{**vars(args), "engine": "sglang"}), tmp_path, "pinned") == ""
     assert check.two_processes(SimpleNamespace(**{**vars(args), "processes": "1"}), tmp_path, "pinned") == ""

@@ -81,12 +81,12 @@ def test_an_unknown_engine_mode_is_refused(clean_imports, monkeypatch) -> None:
 
 @needs_sources
 @pytest.mark.parametrize("broken, why", [
-    ("version", "vllm 0.32.0 is installed; the pin is 0.33.0"),
-    ("cuda", "vllm 0.33.0 is installed but there is no CUDA device for its compiled ops"),
+    ("version", "vllm 0.32.0 is installed; the pin is 0.34.0"),
+    ("cuda", "vllm 0.34.0 is installed but there is no CUDA device for its compiled ops"),
     ("local", "a local tree is given for vllm (--engine-src)"),
-    ("import", "vllm 0.33.0: importing vllm.models.kimi_k3.nvidia.ops.attn_res failed: RuntimeError: broken on "
+    ("import", "vllm 0.34.0: importing vllm.models.kimi_k3.nvidia.ops.attn_res failed: RuntimeError: broken on "
                "purpose"),
-    ("ops", "vllm 0.33.0: compiled ops not registered: torch.ops._C.rms_norm, torch.ops._C.rotary_embedding, "
+    ("ops", "vllm 0.34.0: compiled ops not registered: torch.ops._C.rms_norm, torch.ops._C.rotary_embedding, "
             "torch.ops._C_cache_ops.concat_and_cache_mla_grouped"),
 ])
 def test_each_precondition_of_import_mode_is_named_when_it_fails(clean_imports, monkeypatch, tmp_path, broken,
@@ -256,7 +256,7 @@ def test_records_of_an_imported_engine_carry_import_mode_and_the_installed_files
     from k3num.engines.vllm_adapter import DSPARK_PY, IMPORT_OPS
 
     for row in rows:
-        assert (row["engine"], row["engine_version"], row["mode"]) == ("vllm", "0.33.0", "import")
+        assert (row["engine"], row["engine_version"], row["mode"]) == ("vllm", "0.34.0", "import")
         assert (row["real_ops"], row["source_sha256"]) == (IMPORT_OPS, fetch.sha256_of(fake.site / DSPARK_PY))
 
 

@@ -74,7 +74,7 @@ def test_the_property_suite_runs_from_an_install_in_any_directory(venv: Path, tm
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert "1 passed" in accounting.tally(r.stdout), r.stdout[-3000:]
     # the cache tree named as a local tree is that pinned release (supply/fetch.py Source)
-    assert "vllm 0.33.0: source-interpreter" in r.stdout and (tmp_path / "d.csv").exists()
+    assert f"vllm {fetch.PINS['vllm'].version}: source-interpreter" in r.stdout and (tmp_path / "d.csv").exists()
 
 
 def test_an_engine_repositorys_own_test_file_passes_the_release_and_fails_a_planted_bug(venv: Path,

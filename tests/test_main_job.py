@@ -16,15 +16,15 @@ def test_the_main_job_runs_the_default_engines_then_each_other_pinned_release() 
     assert plan[0] == ("default", ["--drift-dir", "out", "--hypothesis-profile=ci"])
     others = {label: args for label, args in plan[1:]}
     assert set(others) == {f"vllm-{v}" for v in fetch.releases("vllm") if v != fetch.PINS["vllm"].version}
-    args = others["vllm-0.34.0"]
-    assert args == ["--hypothesis-profile=ci", "--drift-csv", "out/runs/drift-T-vllm-0.34.0.csv",
-                    "--engine", "vllm@0.34.0,vllm-rocm@0.34.0"]
+    args = others["vllm-0.33.0"]
+    assert args == ["--hypothesis-profile=ci", "--drift-csv", "out/runs/drift-T-vllm-0.33.0.csv",
+                    "--engine", "vllm@0.33.0,vllm-rocm@0.33.0"]
 
 
 def test_a_drift_csv_gets_a_sibling_per_release_and_chosen_engines_make_one_run() -> None:
     plan = main_job.runs(["--drift-csv=/tmp/x/d.csv", "-k", "attn_res"])
-    assert plan[1][1] == ["-k", "attn_res", "--drift-csv", "/tmp/x/d-vllm-0.34.0.csv", "--engine",
-                          "vllm@0.34.0,vllm-rocm@0.34.0"]
+    assert plan[1][1] == ["-k", "attn_res", "--drift-csv", "/tmp/x/d-vllm-0.33.0.csv", "--engine",
+                          "vllm@0.33.0,vllm-rocm@0.33.0"]
     for chosen in (["--engine", "mirror"], ["--engine=vllm"], ["--engine-src", "vllm=/tmp/t"]):
         assert main_job.runs(chosen) == [("default", chosen)]
 
@@ -34,5 +34,5 @@ def test_a_newly_pinned_release_adds_its_run(monkeypatch: pytest.MonkeyPatch) ->
     extra = dataclasses.replace(fetch.PINS["sglang"], version="9.9.9")
     monkeypatch.setitem(fetch.RELEASES, "sglang", (*fetch.RELEASES["sglang"], extra))
     labels = [label for label, _ in main_job.runs([], stamp="T")]
-    assert labels == ["default", "vllm-0.34.0", "sglang-9.9.9"]
+    assert labels == ["default", "vllm-0.33.0", "sglang-9.9.9"]
     assert main_job.runs([], stamp="T")[2][1] == ["--engine", "sglang@9.9.9"]

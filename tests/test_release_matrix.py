@@ -1,4 +1,5 @@
-"""Pinned releases side by side (supply/fetch.py RELEASES): a run names one per engine (`--engine vllm@0.34.0`),
+"""Pinned releases side by side (supply/fetch.py RELEASES; the default is the newest, 0.34.0): a run names another
+per engine (`--engine vllm@0.33.0`),
 a local tree's version is read from the tree, a lift that reaches for a name the release added is named before
 binding, and each ledger entry is confirmed per release by its reproducer run there (this file, in CI)."""
 
@@ -17,7 +18,8 @@ from k3num.harness import run_scope
 from k3num.oracles import ledger
 from k3num.supply import fetch
 
-NEW = "vllm@0.34.0"
+NEW = "vllm@0.34.0"  # the default release (the newest pinned)
+OLD = "vllm@0.33.0"  # the other pinned release, named
 
 
 def _fetched(spec: str) -> Path:
@@ -50,22 +52,23 @@ def test_an_unpinned_release_is_refused_listing_the_pinned_ones() -> None:
         run_scope.engine_releases("vllm@0.33.0,vllm-rocm@0.34.0")
     with pytest.raises(ValueError, match="mirror reads no pinned release"):
         run_scope.engine_releases("mirror@1.0")
-    # the default release's spec is its bare name; both name a release of the same pin
-    assert run_scope.engine_releases("vllm,vllm-rocm@0.34.0") == {"vllm": NEW}
-    assert fetch.spec_of(fetch.release_pin("vllm@0.33.0")) == "vllm"
+    # the default release (the newest) has its bare name as its spec; both name a release of the same pin
+    assert fetch.PINS["vllm"].version == fetch.releases("vllm")[-1] == "0.34.0"
+    assert run_scope.engine_releases("vllm,vllm-rocm@0.33.0") == {"vllm": OLD}
+    assert fetch.spec_of(fetch.release_pin("vllm@0.34.0")) == "vllm"
 
 
 def test_a_release_cache_tree_is_that_release_and_a_copy_of_it_is_local(tmp_path: Path) -> None:
-    root = _fetched(NEW)
+    root = _fetched(OLD)
     pinned = fetch.Source("vllm", root)
-    assert (pinned.local, pinned.release, pinned.version, pinned.spec) == (None, "0.34.0", "0.34.0", NEW)
-    assert fetch.Source(NEW) == pinned
-    for rel in fetch.release_pin(NEW).files:
+    assert (pinned.local, pinned.release, pinned.version, pinned.spec) == (None, "0.33.0", "0.33.0", OLD)
+    assert fetch.Source(OLD) == pinned
+    for rel in fetch.release_pin(OLD).files:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes((root / rel).read_bytes())
     copy = fetch.Source("vllm", tmp_path)
-    assert copy.version == "0.34.0+local"  # read from the copy, not assumed from the default pin (0.33.0)
-    assert copy.pin.version == "0.34.0"  # and compared with the release it names
+    assert copy.version == "0.33.0+local"  # read from the copy, not assumed from the default pin (0.34.0)
+    assert copy.pin.version == "0.33.0"  # and compared with the release it names
     assert fetch.pinned_files(copy, ("vllm/models/kimi_k3/nvidia/dspark_mla.py",))
     (tmp_path / "vllm/models/kimi_k3/nvidia/dspark_mla.py").write_text("# edited\n")
     assert not fetch.pinned_files(copy, ("vllm/models/kimi_k3/nvidia/dspark_mla.py",))
@@ -97,25 +100,26 @@ def test_the_new_releases_fused_context_kv_binds_with_its_own_helper(monkeypatch
     assert "reads refill_derived" in broken.missing[base.CONTEXT_KV_FUSED]
 
 
-def test_each_entry_is_confirmed_on_the_new_release_exactly_where_its_reproducer_reproduces(tmp_path: Path) -> None:
-    """The reproducers on vllm@0.34.0: an entry confirmed there xfails (reproduced); one not confirmed there must
-    not reproduce (its reproducer asks for the confirmation if it does): no failure at all."""
-    _fetched(NEW)
+def test_each_entry_is_confirmed_on_the_other_release_exactly_where_its_reproducer_reproduces(tmp_path: Path) -> None:
+    """The reproducers on vllm@0.33.0 (the default release's run in the test command confirms 0.34.0): an entry
+    confirmed there xfails (reproduced); one not confirmed there must not reproduce (its reproducer asks for the
+    confirmation if it does): no failure at all."""
+    _fetched(OLD)
     xml = tmp_path / "j.xml"
     proc = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "k3num.properties.test_ledger_reproducers",
-                           "--engine", "vllm@0.34.0,vllm-rocm@0.34.0", "--hypothesis-profile=ci", "-q",
+                           "--engine", "vllm@0.33.0,vllm-rocm@0.33.0", "--hypothesis-profile=ci", "-q",
                            "-p", "no:cacheprovider", f"--junitxml={xml}"], capture_output=True, text=True,
                           timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     cases = {c.get("name", "").split("[")[-1].rstrip("]"): c for c in ET.parse(xml).getroot().iter("testcase")}
-    confirmed = [d.id for d in ledger.LEDGER if "0.34.0" in d.releases]
-    assert confirmed, "no entry is confirmed on 0.34.0"
+    confirmed = [d.id for d in ledger.LEDGER if "0.33.0" in d.releases]
+    assert confirmed, "no entry is confirmed on 0.33.0"
     for d in ledger.LEDGER:
-        if "0.34.0" not in d.releases:
+        if "0.33.0" not in d.releases:
             continue
         skipped = cases[d.id].find("skipped")
-        if d.modes and "source-interpreter" not in d.modes:  # a GPU race: confirmed on the H200 (gpu-run.md 77-78)
+        if d.modes and "source-interpreter" not in d.modes:  # a GPU race: confirmed on the H200 (gpu-run.md)
             assert skipped is not None and skipped.get("type") == "pytest.skip", f"{d.id} ran on the CPU"
             continue
         assert skipped is not None and skipped.get("type") == "pytest.xfail", \
-            f"{d.id} is confirmed on 0.34.0 but its reproducer did not reproduce there"
+            f"{d.id} is confirmed on 0.33.0 but its reproducer did not reproduce there"

@@ -44,7 +44,7 @@ def test_the_layer_is_vllms_gathered_column_parallel_one_and_tp_1_keeps_the_repl
     layer = make(4, 2, None, target_hidden=16, target_layers=2, hidden=32)
     assert type(layer).__name__ == "GatheredColumnParallelLinear" and layer.prefix == "model.context_proj"
     assert tuple(layer.weight.shape) == (8, 32) and type(layer.weight).__name__ == "ModelWeightParameter"
-    old = registry.build("vllm", {}, "auto")
+    old = registry.build("vllm", {"vllm": fetch.source_of("vllm@0.33.0", {}).root}, "auto")  # the older release
     assert "context_proj_tp" not in old.extras and "0.34.0" in old.missing["context_proj_tp"]
 
 

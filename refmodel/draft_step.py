@@ -11,7 +11,10 @@ prefix of the block that the target agrees with.
   form (generic, DeepSeek-V2): per head k = [W_uk kv_c | k_pe] and v = W_uv kv_c, q = [q_nope | rope(q_pe)]
   with q = q_proj x, or q_b rmsnorm(q_a x) where the weights have the low-rank form (vLLM 0.33.0's DSpark
   layers are MLA with q_lora_rank; drawn cases use q_proj); the block's own entries come from the layer's
-  kv_a_proj_with_mqa as the context's do. Not modelled: vLLM's Markov-head logit bias and confidence head.
+  kv_a_proj_with_mqa as the context's do. With YaRN rope scaling (K3's own geometry, refmodel/geometry.py),
+  the rotation's frequencies and cos/sin factor are rope.py's and the softmax scale 1/sqrt(Dn + R) is
+  multiplied by mscale(factor, mscale_all_dim)^2, as DeepSeek-V2/V3's MLA attention does
+  (`rope.softmax_scale_factor`). Not modelled: vLLM's Markov-head logit bias and confidence head.
 - DFlash (GQA; seed 003 §4, §6): the context's K/V are path 3's follow-on (`partial_projection.
   draft_context_kv`: K normed per head and NeoX-rotated, V [L, N, KVH, D]; SGLang 0.5.23 `dflash.py`
   `DFlashAttention.kv_proj_only`, written to the draft KV pool). Each draft layer's attention is GQA
@@ -192,6 +195,7 @@ def dspark_step(kv_c: torch.Tensor, k_pe: torch.Tensor, ctx_positions: torch.Ten
     assert w.kv_a is not None and w.kv_norm is not None and w.w_uk is not None and w.w_uv is not None
     nh, dn, dv, r, kvl = g.num_heads, g.head_dim, g.v_head_dim, g.rope.rotary_dim, g.kv_lora_rank
     allowed = _window_mask(block_positions, ctx_positions, 0)
+    scale = rope_ops.softmax_scale_factor(g.rope) / math.sqrt(dn + r)  # YaRN's mscale^2 (DeepSeek's MLA), or 1
     h = block_hidden
     for layer in range(g.num_layers):
         x = rmsnorm.normalize(h, w.in_norm[layer], g.eps)
@@ -205,7 +209,7 @@ def dspark_step(kv_c: torch.Tensor, k_pe: torch.Tensor, ctx_positions: torch.Ten
         k_nope = (c @ w.w_uk[layer].T).view(-1, nh, dn)
         k = torch.cat([k_nope, pe[:, None, :].expand(-1, nh, r)], dim=-1)  # [N + B, NH, Dn + R]
         v = (c @ w.w_uv[layer].T).view(-1, nh, dv)
-        o = _attend(torch.cat([q[..., :dn], q_pe], dim=-1), k, v, allowed, 1.0 / math.sqrt(dn + r))
+        o = _attend(torch.cat([q[..., :dn], q_pe], dim=-1), k, v, allowed, scale)
         h = h + o.reshape(-1, nh * dv) @ w.o_proj[layer].T
         h = h + swiglu(rmsnorm.normalize(h, w.post_norm[layer], g.eps), w.gate[layer], w.up[layer], w.down[layer])
     return lm_logits(h, w.final_norm, w.lm_head, g.eps)

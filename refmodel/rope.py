@@ -31,6 +31,17 @@ def attention_scaling(spec: RopeSpec) -> float:
     return _yarn_mscale(y.factor, y.mscale) / _yarn_mscale(y.factor, y.mscale_all_dim)
 
 
+def softmax_scale_factor(spec: RopeSpec) -> float:
+    """What YaRN multiplies an MLA attention's softmax scale by, as DeepSeek-V2/V3 (and the DSpark drafts built
+    on them) do: mscale(factor, mscale_all_dim) squared, where mscale(s, m) = 0.1 m ln s + 1 (1 for s <= 1, and
+    for m = 0, a config without `mscale_all_dim`); 1 without YaRN. (GQA models in HF's Qwen convention scale
+    cos/sin only: `attention_scaling`.)"""
+    y = spec.yarn
+    if y is None or not y.mscale_all_dim:
+        return 1.0
+    return _yarn_mscale(y.factor, y.mscale_all_dim) ** 2
+
+
 def correction_range(spec: RopeSpec) -> tuple[int, int]:
     """YaRN's [low, high] pair-index range over which the ramp blends (truncated)."""
     y = spec.yarn

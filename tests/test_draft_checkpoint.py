@@ -301,7 +301,8 @@ def test_every_dflash_step_weight_is_the_checkpoints_tensor_and_the_geometry_the
     ({"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 4},
      "the step takes one attention type for all 2 layers"),
     ({"layer_types": ["sliding_attention"] * 2}, "sliding_attention layers without a sliding_window"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "the step rotates the whole head, unscaled"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}},
+     "the DFlash step rotates the whole head, unscaled (YaRN is modelled for DSpark's MLA only"),
     ({"draft_vocab_size": 64}, "a reduced draft vocabulary"),
 ])
 def test_a_dflash_variant_the_step_does_not_model_is_refused_naming_the_key(tmp_path: Path, extra, says) -> None:

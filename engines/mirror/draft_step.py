@@ -17,6 +17,7 @@ import torch
 
 from k3num.engines.mirror.context_kv import rotary, shared_rope_cache
 from k3num.refmodel.draft_step import DraftStepGeometry, DraftWeights
+from k3num.refmodel.rope import softmax_scale_factor
 
 
 def _norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -84,7 +85,7 @@ def dspark_step(kv_c: torch.Tensor, k_pe: torch.Tensor, ctx_positions: torch.Ten
         c, pe = torch.cat([kv_c[layer], own_c]), torch.cat([k_pe[layer], own_pe])
         k = torch.cat([(c @ w.w_uk[layer].T).view(-1, nh, dn), pe[:, None, :].expand(-1, nh, r)], dim=-1)
         v = (c @ w.w_uv[layer].T).view(-1, nh, dv)
-        o = _attention(q, k, v, allowed, 1.0 / math.sqrt(dn + r))
+        o = _attention(q, k, v, allowed, softmax_scale_factor(g.rope) / math.sqrt(dn + r))  # YaRN's mscale^2
         h = h + o.reshape(-1, nh * dv) @ w.o_proj[layer].T
         h = h + _mlp(_norm(h, w.post_norm[layer], g.eps), w.gate[layer], w.up[layer], w.down[layer])
     return _norm(h, w.final_norm, g.eps) @ w.lm_head.T

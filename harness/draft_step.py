@@ -107,28 +107,37 @@ def _subject(engine: Any, mirror: Any, name: str) -> tuple[Any, str]:
     return mirror.subject(name), "mirror"
 
 
-def _taps_bf16(inp: Any, case: Any, tap: Any) -> torch.Tensor:
-    """Path 2: each tap through the aux-tap subject (the stream flag on: the mixture with the next layer's
-    AttnRes weights; a one-stage target, its last rank). -> [K, N, H]."""
-    return torch.stack([tap(layer, prefix, pending, bank, enabled=True, weights=inp.target_weights,
+# the target's residual stream the taps read (TokenSpeed's names, `aux_hidden_stream`): "attn_res" the AttnRes
+# mixture (vLLM with VLLM_KIMI_K3_AUX_ATTN_RES_STREAM=1), "prefix" the prefix sum (vLLM's default, the flag off)
+STREAMS = ("attn_res", "prefix")
+
+
+def _taps_bf16(inp: Any, case: Any, tap: Any, stream: str = "attn_res") -> torch.Tensor:
+    """Path 2: each tap through the aux-tap subject, on `stream` (attn_res: the flag on, the mixture with the
+    next layer's AttnRes weights; prefix: the flag off); a one-stage target, its last rank. -> [K, N, H]."""
+    return torch.stack([tap(layer, prefix, pending, bank, enabled=stream == "attn_res", weights=inp.target_weights,
                             block_size=case.attn_res_block, end_layer=case.target_layers,
                             num_layers=case.target_layers, is_last_rank=True, eps=EPS, non_final_stage="raise")
                         for layer, (prefix, pending, bank) in zip(case.tap_layers(), inp.tap_states)])
 
 
-def _taps_f64(inp: Any, case: Any) -> torch.Tensor:
+def _taps_f64(inp: Any, case: Any, stream: str = "attn_res") -> torch.Tensor:
     """Path 2 in float64, on the prefix the subject mixes (prefix_sum + pending rounded to storage)."""
     w = upcast_weights(inp.target_weights)
     return torch.stack([oracle.current().capture_aux_stream(
-        layer, up(prefix + pending), None, up(bank), enabled=True, weights=w, block_size=case.attn_res_block,
+        layer, up(prefix + pending), None, up(bank), enabled=stream == "attn_res", weights=w,
+        block_size=case.attn_res_block,
         end_layer=case.target_layers, num_layers=case.target_layers, is_last_rank=True, eps=EPS)
         for layer, (prefix, pending, bank) in zip(case.tap_layers(), inp.tap_states)])
 
 
-def _paths_bf16(kind: str, inp: Any, case: Any, g: Any, subjects: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+def _paths_bf16(kind: str, inp: Any, case: Any, g: Any, subjects: dict[str, Any],
+                stream: str = "attn_res") -> tuple[torch.Tensor, torch.Tensor]:
     """The K3 paths' outputs through `subjects` (bf16): (kv_c, k_pe) for DSpark, (k, v) for DFlash. Taps given
-    with the inputs (inp.given_taps) replace path 2. g: the step's geometry (its rope and eps)."""
-    taps = inp.given_taps if inp.given_taps is not None else _taps_bf16(inp, case, subjects[base.AUX_CAPTURE])
+    with the inputs (inp.given_taps) replace path 2, else the taps read `stream`. g: the step's geometry (its rope
+    and eps)."""
+    taps = inp.given_taps if inp.given_taps is not None else _taps_bf16(inp, case, subjects[base.AUX_CAPTURE],
+                                                                        stream)
     ctx = subjects[base.PROJECT_UNSHARDED](taps, inp.fc, inp.fc_norm, g.eps)
     if kind == "dspark":
         kv_c, k_pe = subjects[base.CONTEXT_KV_FUSED](ctx, inp.kv_a, inp.kv_norm, inp.ctx_positions, g.rope, g.eps)
@@ -138,8 +147,8 @@ def _paths_bf16(kind: str, inp: Any, case: Any, g: Any, subjects: dict[str, Any]
     return k, v
 
 
-def _paths_f64(kind: str, inp: Any, case: Any, g: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    taps = up(inp.given_taps) if inp.given_taps is not None else _taps_f64(inp, case)
+def _paths_f64(kind: str, inp: Any, case: Any, g: Any, stream: str = "attn_res") -> tuple[torch.Tensor, torch.Tensor]:
+    taps = up(inp.given_taps) if inp.given_taps is not None else _taps_f64(inp, case, stream)
     ctx = oracle.current().project_context(taps, up(inp.fc), up(inp.fc_norm), g.eps)
     if kind == "dspark":
         return oracle.current().context_kv(ctx, up(inp.kv_a), up(inp.kv_norm), inp.ctx_positions, g.rope, g.eps)
@@ -152,11 +161,17 @@ def _weights_f64(w: ref_step.DraftWeights) -> ref_step.DraftWeights:
 
 
 def run(engine: Any, mirror: Any, kind: str, case: Any, device: str, subjects: dict[str, Any] | None = None,
-        inputs: Any = None, geometry: Any = None) -> StepResult:
+        inputs: Any = None, geometry: Any = None, trained: str = "attn_res", served: str = "attn_res") -> StepResult:
     """The four steps of one case (module docstring); NoPathBound when the engine binds none of the paths.
     `subjects` overrides a path's subject with (callable, label: what it is, shown in `paths`) and `inputs` the
     drawn inputs (a ledger entry's case class: `k3num impact --ledger`; inputs.given_taps replaces path 2 on
-    every side); `geometry` the case's (a draft checkpoint's: fixtures/draft_checkpoint.py)."""
+    every side); `geometry` the case's (a draft checkpoint's: fixtures/draft_checkpoint.py). `trained` is the
+    stream (STREAMS) the draft was trained on, which the oracle, the noise floor and the exact paths read;
+    `served` the one the engine's taps read: where they differ, the row is what serving the draft with the other
+    stream does to its proposals (`k3num impact --stream-mismatch`)."""
+    bad = [s for s in (trained, served) if s not in STREAMS]
+    if bad:
+        raise ValueError(f"stream {bad[0]!r}: expected one of {', '.join(STREAMS)}")
     inp = inputs if inputs is not None else draft_step_inputs(case, LOW, device)
     chosen = {name: _subject(engine, mirror, name) for name in PATHS[kind]}
     chosen.update(subjects or {})
@@ -170,12 +185,14 @@ def run(engine: Any, mirror: Any, kind: str, case: Any, device: str, subjects: d
     g = geometry if geometry is not None else case.geometry()
     step_bf16 = bf16_step.dspark_step if kind == "dspark" else bf16_step.dflash_step
     step_f64 = ref_step.dspark_step if kind == "dspark" else ref_step.dflash_step
-    exact = _paths_f64(kind, inp, case, g)
+    exact = _paths_f64(kind, inp, case, g, trained)
     oracle = step_f64(*exact, inp.ctx_positions, up(inp.block_hidden), inp.block_positions,
                       _weights_f64(inp.weights), g)
     remainder = (inp.ctx_positions, inp.block_hidden, inp.block_positions, inp.weights, g)
-    engine_logits = step_bf16(*_paths_bf16(kind, inp, case, g, {n: fn for n, (fn, _) in chosen.items()}), *remainder)
-    noise = step_bf16(*_paths_bf16(kind, inp, case, g, {n: mirror.subject(n) for n in PATHS[kind]}), *remainder)
+    engine_logits = step_bf16(*_paths_bf16(kind, inp, case, g, {n: fn for n, (fn, _) in chosen.items()}, served),
+                              *remainder)
+    noise = step_bf16(*_paths_bf16(kind, inp, case, g, {n: mirror.subject(n) for n in PATHS[kind]}, trained),
+                      *remainder)
     exact_paths = step_bf16(*(t.to(LOW) for t in exact), *remainder)
     noise_err, logit_max = torch.stack([(up(noise) - oracle).abs().max(), oracle.abs().max()]).tolist()
     delta = budgets.logit_budget(noise_err, logit_max, LOW)

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import random
 import sys
 from pathlib import Path
@@ -166,11 +167,14 @@ def checkpoint_cases(step: Any, n: int, seed: int, acts: Any = None) -> list[Dra
 
 
 def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device: str, n: int, seed: int,
-                 log=None, activations: Any = None, checkpoint: Any = None, geometry: str = "drawn") -> pd.DataFrame:
+                 log=None, activations: Any = None, checkpoint: Any = None, geometry: str = "drawn",
+                 streams: tuple[tuple[str, str], ...] = (("attn_res", "attn_res"),)) -> pd.DataFrame:
     """One row per (engine, drafter) that binds a path of the drafter's step (module docstring); with
     `activations` (fixtures.activations.Activations) the cases are the captured inputs under drawn weights; with
     `checkpoint` (fixtures/draft_checkpoint.CheckpointStep) its drafter's cases run the draft's own weights and
-    the other drafter gets a row saying it did not run."""
+    the other drafter gets a row saying it did not run. `streams`: (trained, served) pairs of the target stream
+    the draft was trained on and the one the engine's taps read (harness/draft_step.STREAMS), a row each; a pair
+    that differs is the stream mismatch (`--stream-mismatch`), and its rows carry both."""
     from k3num.engines import registry
     from k3num.fixtures.builders import draft_step_inputs
     from k3num.harness import around, draft_step
@@ -187,8 +191,10 @@ def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device
         except (registry.EngineUnavailable, around.Unavailable) as e:
             rows.append({"engine": name, "drafter": "-", "paths": f"unavailable: {e}"[:200]})
             continue
-        for kind in ("dspark", "dflash"):
+        for kind, (trained, served) in ((k, s) for k in ("dspark", "dflash") for s in streams):
             results = []
+            step = functools.partial(draft_step.run, trained=trained, served=served)
+            stream_cols = {"trained_stream": trained, "served_stream": served} if trained != served else {}
             if checkpoint is not None and kind != checkpoint.kind:
                 rows.append({"engine": name, "drafter": kind,
                              "paths": f"not run: the checkpoint is a {checkpoint.kind} draft"})
@@ -198,21 +204,24 @@ def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device
                     for case in checkpoint_cases(checkpoint, n, seed, activations):
                         inp = draft_step_inputs(case, LOW, device, given=checkpoint)
                         inp = with_activations(inp, activations, device) if activations is not None else inp
-                        results.append(draft_step.run(engine, mirror, kind, case, device, inputs=inp,
-                                                      geometry=checkpoint.geometry))
+                        results.append(step(engine, mirror, kind, case, device, inputs=inp,
+                                            geometry=checkpoint.geometry))
                 elif activations is None:
                     for case in (sample_cases(kind, n, seed) if geometry == "drawn" else preset_cases(kind, n, seed)):
-                        results.append(draft_step.run(engine, mirror, kind, case, device))
+                        results.append(step(engine, mirror, kind, case, device))
                 for case in (activation_cases(activations, kind, n, seed) if activations is not None
                              and checkpoint is None else ()):
                     inp = with_activations(draft_step_inputs(case, LOW, device), activations, device)
-                    results.append(draft_step.run(engine, mirror, kind, case, device, inputs=inp))
+                    results.append(step(engine, mirror, kind, case, device, inputs=inp))
             except draft_step.NoPathBound as e:
-                rows.append({"engine": name, "drafter": kind, "paths": f"none bound ({e})"[:200]})
+                rows.append({"engine": name, "drafter": kind, "paths": f"none bound ({e})"[:200], **stream_cols})
                 continue
             if log:
-                log(f"[impact] {name} {kind}: {len(results)} blocks")
-            rows.append(_aggregate(name, kind, results, _filed(engine, sources, mode)))
+                log(f"[impact] {name} {kind}{f' trained on {trained}, served {served}' if stream_cols else ''}: "
+                    f"{len(results)} blocks")
+            # a stream mismatch is a deployment choice measured, not an engine bug: no ledger entry explains it
+            filed = "" if stream_cols else _filed(engine, sources, mode)
+            rows.append({**_aggregate(name, kind, results, filed), **stream_cols})
     return pd.DataFrame(rows)
 
 
@@ -388,6 +397,9 @@ def cmd_impact(args: argparse.Namespace) -> int:
                              "--activations and --checkpoint (they bring their own)")
         if args.lm_head and not args.checkpoint:
             raise ValueError("--lm-head is read with a draft --checkpoint: give one")
+        if args.stream_mismatch and (args.ledger or args.trained_stream or args.served_stream):
+            raise ValueError("--stream-mismatch runs both mismatched pairs itself: leave out --ledger, "
+                             "--trained-stream and --served-stream")
         acts = None
         if args.activations:
             from k3num.fixtures import activations
@@ -399,6 +411,7 @@ def cmd_impact(args: argparse.Namespace) -> int:
         ckpt = _checkpoint_step(args.checkpoint, args.lm_head, device) if args.checkpoint else None
         if ckpt is not None and acts is not None:
             checkpoint_cases(ckpt, 1, args.seed, acts)  # the file's taps against the draft's, before any run
+        streams = _streams(args, ckpt)
     except ValueError as e:
         print(f"[impact] ERROR: {e}", file=sys.stderr)
         return 2
@@ -412,18 +425,43 @@ def cmd_impact(args: argparse.Namespace) -> int:
               "163840 x 7168, about 12 GB with its float64 copy) and runs for minutes", file=sys.stderr)
     table = engine_table(names, sources, "auto", device, args.cases, args.seed,
                          log=lambda m: print(m, file=sys.stderr), activations=acts, checkpoint=ckpt,
-                         geometry=args.geometry)
+                         geometry=args.geometry, streams=streams)
     judged = table[table.get("positions", pd.Series(dtype=float)).notna()] if "positions" in table else table.iloc[0:0]
     if judged.empty:
         print("[impact] ERROR: no engine binds a K3 path of either drafter's step: nothing was judged\n"
               + table.to_string(index=False), file=sys.stderr)
         return 2
+    mismatched = "served_stream" in table
     if args.format == "csv":
         print(table.to_csv(index=False), end="")
     else:
-        print(_markdown(table, args, ENGINE_COLUMNS) + "\n" + reach_lines(names, sources))
+        cols = ENGINE_COLUMNS[:2] + ["trained_stream", "served_stream"] + ENGINE_COLUMNS[2:] if mismatched else \
+            ENGINE_COLUMNS
+        print(_markdown(table, args, cols) + "\n" + reach_lines(names, sources))
+    if mismatched:  # what a stream mismatch does is the measurement: it fails nothing
+        return 0
     unexplained = judged[(judged["diverged"] > 0) & (judged["ledger"].fillna("") == "")]
     return 1 if len(unexplained) else 0
+
+
+def _streams(args: argparse.Namespace, ckpt: Any) -> tuple[tuple[str, str], ...]:
+    """The (trained, served) stream pairs to run: both mismatches (--stream-mismatch), or the one given, the
+    trained stream defaulting to a checkpoint config's own (fixtures/draft_checkpoint.aux_stream), else attn_res;
+    where a checkpoint's declared stream and the engine's served one differ, it is said on stderr."""
+    if args.stream_mismatch:
+        return (("attn_res", "prefix"), ("prefix", "attn_res"))
+    declared = ckpt.stream if ckpt is not None else None
+    trained = args.trained_stream or declared or "attn_res"
+    served = args.served_stream or "attn_res"
+    if declared is not None and args.trained_stream and args.trained_stream != declared:
+        raise ValueError(f"--trained-stream {args.trained_stream}: the checkpoint's config says the draft was "
+                         f"trained on {declared} (aux_hidden_stream)")
+    if declared is not None:
+        same = "the same stream" if served == declared else f"another stream: {served}"
+        print(f"[impact] the checkpoint's config says its draft was trained on the {declared} stream "
+              f"(aux_hidden_stream); the engines serve {same} (--served-stream)"
+              f"{'' if served == declared else '; the rows measure that mismatch'}", file=sys.stderr)
+    return ((trained, served),)
 
 
 def reach_lines(names: list[str], sources: dict[str, Path]) -> str:
@@ -484,6 +522,12 @@ def _markdown(table: pd.DataFrame, args: argparse.Namespace, cols: list[str]) ->
              "case class, `control` the same calls without its defect. Exit 1 only for a decided token flipped "
              "outside the ledger: a row whose flips an entry explains names it in `ledger` (vllm-rocm's aux tap) "
              "and does not fail the run.", ""]
+    if "served_stream" in cols:
+        lines += ["trained_stream: the target stream the draft was trained on (the float64 step and the noise floor "
+                  "read it); served_stream: the one the engine's aux taps read (attn_res: the AttnRes mixture, vLLM's "
+                  "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM=1; prefix: the prefix sum, its default). Where they differ the "
+                  "flips and predicted_flips are what serving the draft with the other stream does to its "
+                  "proposals: a deployment's choice measured, not an engine's bug (exit 0).", ""]
     if args.ledger:
         from k3num.oracles import ledger
 
@@ -537,4 +581,15 @@ def add_parser(sub) -> None:
                         "severity, or why the step does not reach it (exit 0 when it ran)")
     p.add_argument("--entry", default=None, metavar="K3N-NNN[,...]",
                    help="with --ledger: only these entries (default: all)")
+    p.add_argument("--served-stream", choices=("attn_res", "prefix"), default=None,
+                   help="the target stream the engines' aux taps read: attn_res, the AttnRes mixture (vLLM with "
+                        "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM=1), or prefix, the prefix sum (vLLM's default, the flag "
+                        "off); default attn_res")
+    p.add_argument("--trained-stream", choices=("attn_res", "prefix"), default=None,
+                   help="the stream the draft was trained on, which the float64 step and the noise floor read "
+                        "(default: a --checkpoint config's aux_hidden_stream, else attn_res)")
+    p.add_argument("--stream-mismatch", action="store_true",
+                   help="instead: per engine and drafter, a draft trained on one stream served the other, both ways "
+                        "(attn_res -> prefix: vLLM's default against a draft trained with the flag on): the flips "
+                        "and predicted flips of the mismatch; exit 0 when it ran")
     p.set_defaults(func=cmd_impact)

@@ -28,8 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.engine_kernels import _copymedian_seconds  # noqa: E402
-from bench.timing import median_seconds  # noqa: E402
+from bench.timing import copy_seconds, median_seconds  # noqa: E402
 
 
 def main() -> int:
@@ -59,7 +58,7 @@ def main() -> int:
     dev = torch.device("cuda")
     L, H, W, C, Q = g.num_layers, g.hidden, g.kv_width, g.kv_lora_rank, g.q_lora_rank
     gen = torch.Generator(device=dev).manual_seed(0)
-    copy_s, copy_bytes = _copymedian_seconds(dev, args.reps)
+    copy_s, copy_bytes = copy_seconds(dev, args.reps)
     rows = []
     for n in (int(t) for t in args.tokens.split(",")):
         x = torch.randn(n, H, device=dev, generator=gen).bfloat16()

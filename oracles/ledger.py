@@ -279,7 +279,8 @@ LEDGER: tuple[Divergence, ...] = (
     Divergence(
         id="K3N-014", token_case="through_an_fp8_cache",
         files=("vllm/models/kimi_k3/nvidia/dspark_mla.py", "vllm/_custom_ops.py"),
-        engine="vllm", version="0.33.0", subject="context_kv_ops", modes=("source-gpu", "import"),
+        engine="vllm", version="0.33.0", also_releases=("0.34.0",),  # 0.34.0: GPU run 97, its own csrc's ops
+        subject="context_kv_ops", modes=("source-gpu", "import"),
         test="test_fp8_insert_with_a_zero_or_nonfinite_scale_refuses_or_poisons_visibly",
         what="an FP8 KV cache whose layer scale (_k_scale) is 0 or infinite is written without a refusal: "
              "concat_and_cache_mla and concat_and_cache_mla_grouped (csrc/cache_kernels.cu, fp8::scaled_convert) "

@@ -18,6 +18,8 @@ the noise floor's. Shapes: see refmodel/draft_step.py.
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -40,22 +42,105 @@ PATHS = {"dspark": (base.AUX_CAPTURE, base.PROJECT_UNSHARDED, base.CONTEXT_KV_FU
 # the bound subjects the step does not call, each with why (`reach`): none is silently absent from `k3num impact`
 NOT_IN_THE_STEP = {
     base.ATTN_RES: "the engine binds no aux tap to call it (the step's path 2 is the tap)",
-    base.STAGE_PARTIAL: "the step projects the taps in one stage (project_unsharded); the sharded sum reaches it "
-                        "in `k3num impact --ledger`'s cancelling-taps case class (TokenSpeed)",
-    base.FINALIZE_PROJECTION: "as stage_partial: the sharded sum's last half",
-    base.ATTN_RES_MIX: "the read-only mixture; the step's path 2 is an aux tap, and an engine that binds none "
-                       "(SGLang 0.5.23: its tap is in an unmerged PR) runs the mirror's",
-    base.ATTN_RES_MIX_TRITON: "as attn_res_mix: its Triton kernels",
-    base.ATTN_RES_MIX_EAGER: "as attn_res_mix: its eager reference",
+    base.STAGE_PARTIAL: "the engine binds no finalize_projection to sum its stages with",
+    base.FINALIZE_PROJECTION: "the engine binds no stage_partial to give it partials",
+    base.ATTN_RES_MIX: "the engine binds its own aux tap, which the step's path 2 runs",
+    base.ATTN_RES_MIX_TRITON: "the engine's public mixture entry (attn_res_mix) is not composed into a tap here",
+    base.ATTN_RES_MIX_EAGER: "the eager reference: the model's dispatch takes it off the 1024 grid only, and K3's "
+                             "hidden 7168 is on it (the mixture-tap rows run the dispatch at hidden 1024)",
     base.ATTN_RES_RESIDUAL: "the model's aggregation point; it reaches the step only through the unwritten "
                             "layer input case class (`k3num impact --ledger`, SGLang's off-grid hidden)",
 }
+
+
+# --- compositions: bound subjects an engine has no whole step path for (issue 40 item 1) ----------------------
+
+def stage_split(taps: int, seed: int) -> list[list[int]]:
+    """PP stages over `taps` taps, as a pipeline owns them: contiguous runs of the taps in layer order, 2-4 of them
+    (at most one per tap), the cut points drawn from `seed`."""
+    rng = random.Random(f"stages:{seed}")
+    stages = min(taps, rng.randint(2, 4))
+    cuts = sorted(rng.sample(range(1, taps), stages - 1)) if stages > 1 else []
+    bounds = [0, *cuts, taps]
+    return [list(range(a, b)) for a, b in zip(bounds, bounds[1:])]
+
+
+def sharded_projection(engine: Any, split: list[list[int]]) -> Any:
+    """project_unsharded's signature through the engine's PP sum: each stage's partial of its own taps
+    (stage_partial), the partials summed in float32 in stage order and the norm once (finalize_projection)."""
+    partial, finalize = engine.subject(base.STAGE_PARTIAL), engine.subject(base.FINALIZE_PROJECTION)
+
+    def project(taps: torch.Tensor, fc: torch.Tensor, norm: torch.Tensor, eps: float) -> torch.Tensor:
+        parts = [partial(taps, fc, members) for members in split]
+        return finalize(parts, norm, eps, torch.float32, list(range(len(parts))))
+
+    return project
+
+
+def mixture_tap(mix: Any) -> Any:
+    """The aux tap's signature with the engine's read-only mixture (attn_res_mix: prefix, bank, nvb, norm, proj,
+    eps) where the tap mixes: the prefix sum plus the pending MLP output, mixed with the branch's weights
+    (refmodel.attn_res.aux_tap_branch: the next layer's pair, or the output pair on the last rank), as every
+    bound tap does (BRIEF §2); the flag off returns the prefix."""
+    from k3num.refmodel import attn_res as ref_attn_res
+
+    def tap(layer_idx: int, prefix_sum: torch.Tensor, pending: torch.Tensor | None, bank: torch.Tensor, *,
+            enabled: bool, weights: Any, block_size: int, end_layer: int, num_layers: int, is_last_rank: bool,
+            eps: float, non_final_stage: str = "raise") -> torch.Tensor:
+        prefix = prefix_sum if pending is None else prefix_sum + pending
+        if not (enabled and weights is not None):
+            return prefix
+        branch = ref_attn_res.aux_tap_branch(layer_idx, weights, block_size, end_layer, num_layers, is_last_rank)
+        if branch is None:
+            raise ValueError(f"aux tap after layer {layer_idx}: last layer of a non-final PP stage")
+        norm_w, proj_w, nbl = branch
+        return mix(prefix, bank, nbl, norm_w, proj_w, eps)
+
+    return tap
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A composed row of the step: what the engine must bind (`needs`) and must not (`lacks`: the composition
+    stands in for it), the bound subjects it brings into the step (`runs`), the case it runs (`case`) and the
+    path subjects it puts in place of the engine's or the mirror's (`subjects`: (engine, case) -> {subject: (fn,
+    label)})."""
+
+    name: str
+    needs: tuple[str, ...]
+    lacks: tuple[str, ...]
+    runs: tuple[str, ...]
+    case: Callable[[Any], Any]
+    subjects: Callable[[Any, Any], dict[str, tuple[Any, str]]]
+
+    def applies(self, engine: Any) -> bool:
+        return all(engine.provides(n) for n in self.needs) and not any(engine.provides(n) for n in self.lacks)
+
+
+MIXTURE_HIDDEN = 1024  # SGLang's dispatch takes its Triton pair on the 1024 grid (K3's 7168 is on it)
+
+
+def _pp_subjects(engine: Any, case: Any) -> dict[str, tuple[Any, str]]:
+    split = stage_split(case.taps, case.seed)
+    return {base.PROJECT_UNSHARDED: (sharded_projection(engine, split),
+                                     f"engine(PP sum: stages {'|'.join(','.join(map(str, s)) for s in split)})")}
+
+
+VARIANTS = (
+    Variant("pp sum", (base.STAGE_PARTIAL, base.FINALIZE_PROJECTION), (), (base.STAGE_PARTIAL,
+            base.FINALIZE_PROJECTION), lambda c: replace(c, taps=max(c.taps, 4)), _pp_subjects),
+    Variant("mixture tap", (base.ATTN_RES_MIX,), (base.AUX_CAPTURE,), (base.ATTN_RES_MIX, base.ATTN_RES_MIX_TRITON),
+            lambda c: c if c.hidden % MIXTURE_HIDDEN == 0 else replace(c, hidden=MIXTURE_HIDDEN),
+            lambda engine, case: {base.AUX_CAPTURE: (mixture_tap(engine.subject(base.ATTN_RES_MIX)),
+                                                     "engine(attn_res_mix in the tap)")}),
+)
 
 
 def reach(engine: Any) -> dict[str, str]:
     """Every subject `engine` binds -> where the step runs it ("in the step: dspark, dflash") or why it does not
     (NOT_IN_THE_STEP); KeyError naming a bound subject with neither, so a new subject cannot be silently absent."""
     out = {}
+    composed = {n: v.name for v in VARIANTS if v.applies(engine) for n in v.runs}
     for name in engine.subjects:
         kinds = [k for k, names in PATHS.items() if name in names]
         if name == base.CONTEXT_KV_UNFUSED and not engine.provides(base.CONTEXT_KV_FUSED):
@@ -64,6 +149,9 @@ def reach(engine: Any) -> dict[str, str]:
             out[name] = "in the step: dspark, dflash, inside the engine's aux tap (it calls it for every mixture)"
         elif kinds:
             out[name] = "in the step: " + ", ".join(kinds)
+        elif name in composed:
+            out[name] = (f"in the step: dspark, dflash, in the `{composed[name]}` rows (composed with the mirror's "
+                         "other paths)")
         elif name == base.CONTEXT_KV_UNFUSED:
             out[name] = "the fused path is bound and runs in its place (the unfused one is its baseline)"
         elif name in NOT_IN_THE_STEP:

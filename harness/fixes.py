@@ -336,6 +336,39 @@ def layer0_attention_for_every_context_write(text: str, path: str) -> str:
     return "".join(lines)
 
 
+# --- held-out planted bugs for the draft step (issue 40 item 5): one per kind of subject the step composes, each
+# in real engine code that only a composed row reaches; `k3num impact` must move that engine's row past the noise
+# floor (tests/test_impact_held_out.py), and a comment in the same file must not move it -----------------------
+
+
+def stage_sum_overwritten(text: str, path: str) -> str:
+    """Planted bug (a PP partial sum): DSparkContextProducer.add_capture copies each owned tap's projection into
+    the pipeline's running sum instead of adding it, so a stage that owns two taps hands on only its last one's.
+    A one-stage projection (project_target_hidden) never calls it."""
+    lines = text.splitlines(keepends=True)
+    lo, hi = _method_lines(text, "add_capture", path)
+    i = _one(lines, lo, hi, r"^\s*projected\.add_\(self\.model\.project_target_tap\(capture_idx, hidden\)\)\s*$", path)
+    lines[i] = lines[i].replace("projected.add_(", "projected.copy_(")
+    return "".join(lines)
+
+
+def softmax_mask_drops_the_prefix(text: str, path: str) -> str:
+    """Planted bug (an off-by-one in a mixture): SGLang's _combine_kernel masks its softmax to the bank rows
+    (offs_b < NVB) instead of the NVB bank rows and the prefix (<=), so the prefix source gets no weight."""
+    return _replace_in(text, path, "_combine_kernel", r"^\s*mask_b = offs_b <= NVB\s*$", "<= NVB", "< NVB")
+
+
+def norms_in_reverse_layer_order(text: str, path: str) -> str:
+    """Planted bug (per-layer weights out of order): _build_fused_context_kv_metadata stacks the draft layers'
+    kv_a_layernorm weights last layer first, so the grouped norm gives layer l layer L-1-l's weight. A one-layer
+    draft, or layers with equal norms, cannot show it."""
+    lines = text.splitlines(keepends=True)
+    lo, hi = _method_lines(text, "_build_fused_context_kv_metadata", path)
+    i = _one(lines, lo, hi, r"\[attn\.kv_a_layernorm\.weight\.detach\(\) for attn in attentions\]", path)
+    lines[i] = lines[i].replace("for attn in attentions]", "for attn in attentions[::-1]]")
+    return "".join(lines)
+
+
 def comment_only(path: str) -> Edit:
     """A control: `path` with one comment line appended (the pinned code, other bytes)."""
     return lambda text, rel: text + "\n# k3num control: a comment, no code changed\n"
@@ -466,8 +499,23 @@ FRESH: tuple[Fix, ...] = (
 )
 
 
+# held-out bugs for the draft step's composed rows (issue 40 item 5), each with its control (a comment in the same
+# file); `tests` names the impact row each must move: the engine's row of that variant (harness/draft_step.VARIANTS)
+HELD_OUT: tuple[Fix, ...] = (
+    Fix("stage-sum-overwritten", "tokenspeed", ((TOKENSPEED_CONTEXT, stage_sum_overwritten),), ("tokenspeed",),
+        ("pp sum",)),
+    Fix("stage-sum-control", "tokenspeed", ((TOKENSPEED_CONTEXT, comment_only(TOKENSPEED_CONTEXT)),), ("tokenspeed",),
+        ("pp sum",)),
+    Fix("softmax-drops-prefix", "sglang", ((SGLANG_ATTN, softmax_mask_drops_the_prefix),), ("sglang",),
+        ("mixture tap",)),
+    Fix("softmax-control", "sglang", ((SGLANG_ATTN, comment_only(SGLANG_ATTN)),), ("sglang",), ("mixture tap",)),
+    Fix("norms-reversed", "vllm", ((VLLM_DSPARK, norms_in_reverse_layer_order),), ("vllm",), ("",)),
+    Fix("norms-control", "vllm", ((VLLM_DSPARK, comment_only(VLLM_DSPARK)),), ("vllm",), ("",)),
+)
+
+
 def by_id(fix_id: str) -> Fix:
-    every = FIXES + TREE_MUTANTS + DRIFTS + PLANTED + FRESH + LATENT
+    every = FIXES + TREE_MUTANTS + DRIFTS + PLANTED + FRESH + LATENT + HELD_OUT
     for f in every:
         if f.id == fix_id:
             return f

@@ -72,14 +72,15 @@ K3_TOKENS = 256  # context positions of a K3-geometry case (--geometry k3): a pr
 
 
 def sample_cases(kind: str, n: int, seed: int) -> list[DraftStepCase]:
-    """n cases of `kind` drawn from the strategy's choices with a seeded generator (reproducible by seed)."""
+    """n cases of `kind` drawn from the strategy's choices with a seeded generator (reproducible by seed); drafts of
+    1 to 5 layers (K3's DSpark has 5), each layer's weights its own."""
     rng = random.Random(f"{kind}:{seed}")
     out = []
     for _ in range(n):
         heads = rng.choice([2, 4])
         head_dim = rng.choice([8, 16])
         out.append(DraftStepCase(
-            kind=kind, hidden=rng.choice([32, 64]), num_layers=rng.randint(1, 2), num_heads=heads, head_dim=head_dim,
+            kind=kind, hidden=rng.choice([32, 64]), num_layers=rng.randint(1, 5), num_heads=heads, head_dim=head_dim,
             kv_heads=rng.choice([h for h in (1, 2) if heads % h == 0]) if kind == "dflash" else 1,
             kv_lora=16 if kind == "dspark" else 0, rotary_dim=8 if kind == "dspark" else head_dim,
             window=rng.choice([0, 4, 64]) if kind == "dflash" else 0, vocab=rng.choice([64, 256]),
@@ -191,10 +192,20 @@ def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device
         except (registry.EngineUnavailable, around.Unavailable) as e:
             rows.append({"engine": name, "drafter": "-", "paths": f"unavailable: {e}"[:200]})
             continue
-        for kind, (trained, served) in ((k, s) for k in ("dspark", "dflash") for s in streams):
+        # the plain step, then the compositions the engine's subjects call for (harness/draft_step.VARIANTS: the PP
+        # sum, the mixture in a tap), each a row of its own; a stream mismatch runs the plain step only
+        mismatch = any(t != s for t, s in streams)
+        variants = [None] + ([] if mismatch or checkpoint is not None or activations is not None else
+                             [v for v in draft_step.VARIANTS if v.applies(engine)])
+        for kind, (trained, served), variant in ((k, s, v) for k in ("dspark", "dflash") for s in streams
+                                                 for v in variants):
             results = []
             step = functools.partial(draft_step.run, trained=trained, served=served)
             stream_cols = {"trained_stream": trained, "served_stream": served} if trained != served else {}
+            said = f" trained on {trained}, served {served}" if stream_cols else ""
+            if variant is not None:
+                stream_cols, said = {"variant": variant.name}, f" ({variant.name})"
+                step = functools.partial(_composed, variant, trained=trained, served=served)
             if checkpoint is not None and kind != checkpoint.kind:
                 rows.append({"engine": name, "drafter": kind,
                              "paths": f"not run: the checkpoint is a {checkpoint.kind} draft"})
@@ -217,15 +228,23 @@ def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device
                 rows.append({"engine": name, "drafter": kind, "paths": f"none bound ({e})"[:200], **stream_cols})
                 continue
             if log:
-                log(f"[impact] {name} {kind}{f' trained on {trained}, served {served}' if stream_cols else ''}: "
-                    f"{len(results)} blocks")
+                log(f"[impact] {name} {kind}{said}: {len(results)} blocks")
             # a stream mismatch is a deployment choice measured, not an engine bug: no ledger entry explains it
-            filed = "" if stream_cols else _filed(engine, sources, mode)
+            filed = "" if "served_stream" in stream_cols else _filed(engine, sources, mode)
             rows.append({**_aggregate(name, kind, results, filed), **stream_cols})
     return pd.DataFrame(rows)
 
 
 TOKEN_TEST = "test_a_decided_token_never_flips"  # properties/test_draft_tokens.py: the ledger files entries on it
+
+
+def _composed(variant: Any, engine: Any, mirror: Any, kind: str, case: Any, device: str, **kw: Any) -> Any:
+    """One case of a composed row (harness/draft_step.Variant): the case the variant runs, the variant's subjects
+    in place of the step's."""
+    from k3num.harness import draft_step
+
+    case = variant.case(case)
+    return draft_step.run(engine, mirror, kind, case, device, subjects=variant.subjects(engine, case), **kw)
 
 
 def _filed(engine: Any, sources: dict[str, Path], mode: str) -> str:

@@ -254,4 +254,11 @@ def test_every_bound_subject_is_in_the_step_or_listed_with_why_it_is_not() -> No
     in_paths = {n for names in draft_step.PATHS.values() for n in names}
     assert set(base.SUBJECTS) <= in_paths | set(draft_step.NOT_IN_THE_STEP) | {base.CONTEXT_KV_UNFUSED}
     text = imp.reach_lines(["sglang"], {})
-    assert "- sglang: attn_res_mix: the read-only mixture" in text
+    assert "- sglang: attn_res_mix_eager: the eager reference" in text and "sglang: attn_res_mix:" not in text
+    # SGLang's mixture and TokenSpeed's PP sum reach the step through the composed rows (draft_step.VARIANTS)
+    sglang, tokenspeed = (registry.get(n) for n in ("sglang", "tokenspeed"))
+    for engine, names, variant in ((sglang, ("attn_res_mix", "attn_res_mix_triton"), "mixture tap"),
+                                   (tokenspeed, ("stage_partial", "finalize_projection"), "pp sum")):
+        for n in names:
+            assert draft_step.reach(engine)[n] == (f"in the step: dspark, dflash, in the `{variant}` rows (composed "
+                                                   "with the mirror's other paths)"), n

@@ -454,8 +454,8 @@ def cmd_impact(args: argparse.Namespace) -> int:
     if args.format == "csv":
         print(table.to_csv(index=False), end="")
     else:
-        cols = ENGINE_COLUMNS[:2] + ["trained_stream", "served_stream"] + ENGINE_COLUMNS[2:] if mismatched else \
-            ENGINE_COLUMNS
+        extra = ["trained_stream", "served_stream"] if mismatched else ["variant"] if "variant" in table else []
+        cols = ENGINE_COLUMNS[:2] + extra + ENGINE_COLUMNS[2:]
         print(_markdown(table, args, cols) + "\n" + reach_lines(names, sources))
     if mismatched:  # what a stream mismatch does is the measurement: it fails nothing
         return 0
@@ -541,6 +541,11 @@ def _markdown(table: pd.DataFrame, args: argparse.Namespace, cols: list[str]) ->
              "case class, `control` the same calls without its defect. Exit 1 only for a decided token flipped "
              "outside the ledger: a row whose flips an entry explains names it in `ledger` (vllm-rocm's aux tap) "
              "and does not fail the run.", ""]
+    if "variant" in cols:
+        lines += ["variant: empty for the plain step; `pp sum`: the engine's stage partials over a drawn split of 2-4 "
+                  "PP stages and its finalize in place of the one-stage projection; `mixture tap`: the engine's "
+                  "read-only mixture inside the tap, where it binds no tap (hidden 1024: its Triton pair); "
+                  "harness/draft_step.py VARIANTS.", ""]
     if "served_stream" in cols:
         lines += ["trained_stream: the target stream the draft was trained on (the float64 step and the noise floor "
                   "read it); served_stream: the one the engine's aux taps read (attn_res: the AttnRes mixture, vLLM's "

@@ -61,6 +61,16 @@ def _replace_in(text: str, path: str, func: str, pattern: str, old: str, new: st
     return "".join(lines)
 
 
+def _replace_in_method(text: str, path: str, method: str, pattern: str, old: str, new: str) -> str:
+    """`text` with `old` replaced by `new` on the one line of the one method `method` (of any class) matching
+    `pattern` (FixError when the method or the one line is not there)."""
+    lines = text.splitlines(keepends=True)
+    lo, hi = _method_lines(text, method, path)
+    i = _one(lines, lo, hi, pattern, path)
+    lines[i] = lines[i].replace(old, new, 1)
+    return "".join(lines)
+
+
 def _delta_barrier(lines: list[str], text: str, path: str) -> int:
     """The line of `if HAS_DELTA:` directly followed by `tl.debug_barrier()` in _attn_res_kernel (the
     first `if HAS_DELTA:` guards the delta load)."""
@@ -259,13 +269,11 @@ def round_accumulator_per_tap(text: str, path: str) -> str:
     """Planted bug (one extra bf16 rounding per tap, issue 37/38): DSparkContextProducer.add_capture keeps the
     pipeline's running sum in float32 ("float32 accumulation avoids rounding between taps"); this rounds it
     to bf16 after every tap. Inside K3N-006's files and its test, it is not K3N-006's bug."""
-    lines = text.splitlines(keepends=True)
-    lo, hi = _method_lines(text, "add_capture", path)
-    i = _one(lines, lo, hi, r"^\s*projected\.add_\(self\.model\.project_target_tap\(capture_idx, hidden\)\)\s*$", path)
-    lines[i] = lines[i].replace("projected.add_(self.model.project_target_tap(capture_idx, hidden))",
-                                "projected.copy_(projected.add(self.model.project_target_tap(capture_idx, hidden))"
-                                ".bfloat16())  # k3num planted")
-    return "".join(lines)
+    return _replace_in_method(text, path, "add_capture",
+                              r"^\s*projected\.add_\(self\.model\.project_target_tap\(capture_idx, hidden\)\)\s*$",
+                              "projected.add_(self.model.project_target_tap(capture_idx, hidden))",
+                              "projected.copy_(projected.add(self.model.project_target_tap(capture_idx, hidden))"
+                              ".bfloat16())  # k3num planted")
 
 
 def rocm_tap_mixes_the_next_layer(text: str, path: str) -> str:
@@ -318,22 +326,17 @@ def layer0_norm_for_every_layer(text: str, path: str) -> str:
     """Planted bug (a copy-paste slip in real code the adapter used to replace): _build_fused_context_kv_metadata
     stacks layer 0's kv_a_layernorm weight for every draft layer, so the grouped norm normalises every layer's
     kv_c with layer 0's weight (0.33.0 stacks the list in place, 0.34.0 names it `norms` first: one line each)."""
-    lines = text.splitlines(keepends=True)
-    lo, hi = _method_lines(text, "_build_fused_context_kv_metadata", path)
-    i = _one(lines, lo, hi, r"\[attn\.kv_a_layernorm\.weight\.detach\(\) for attn in attentions\]", path)
-    lines[i] = lines[i].replace("[attn.kv_a_layernorm", "[attn0.kv_a_layernorm")
-    return "".join(lines)
+    return _replace_in_method(text, path, "_build_fused_context_kv_metadata",
+                              r"\[attn\.kv_a_layernorm\.weight\.detach\(\) for attn in attentions\]",
+                              "[attn.kv_a_layernorm", "[attn0.kv_a_layernorm")
 
 
 def layer0_attention_for_every_context_write(text: str, path: str) -> str:
     """Planted bug (a copy-paste slip in real code the TokenSpeed adapter used to replace): write_context_kv
     takes layer 0's attention for every draft layer, so every layer's cache gets layer 0's projection, norm
     and RoPE."""
-    lines = text.splitlines(keepends=True)
-    lo, hi = _method_lines(text, "write_context_kv", path)
-    i = _one(lines, lo, hi, r"^\s*attn = layer\.self_attn\s*$", path)
-    lines[i] = lines[i].replace("layer.self_attn", "self.layers[0].self_attn")
-    return "".join(lines)
+    return _replace_in_method(text, path, "write_context_kv", r"^\s*attn = layer\.self_attn\s*$", "layer.self_attn",
+                              "self.layers[0].self_attn")
 
 
 # --- held-out planted bugs for the draft step (issue 40 item 5): one per kind of subject the step composes, each
@@ -345,11 +348,9 @@ def stage_sum_overwritten(text: str, path: str) -> str:
     """Planted bug (a PP partial sum): DSparkContextProducer.add_capture copies each owned tap's projection into
     the pipeline's running sum instead of adding it, so a stage that owns two taps hands on only its last one's.
     A one-stage projection (project_target_hidden) never calls it."""
-    lines = text.splitlines(keepends=True)
-    lo, hi = _method_lines(text, "add_capture", path)
-    i = _one(lines, lo, hi, r"^\s*projected\.add_\(self\.model\.project_target_tap\(capture_idx, hidden\)\)\s*$", path)
-    lines[i] = lines[i].replace("projected.add_(", "projected.copy_(")
-    return "".join(lines)
+    return _replace_in_method(text, path, "add_capture",
+                              r"^\s*projected\.add_\(self\.model\.project_target_tap\(capture_idx, hidden\)\)\s*$",
+                              "projected.add_(", "projected.copy_(")
 
 
 def softmax_mask_drops_the_prefix(text: str, path: str) -> str:
@@ -362,11 +363,9 @@ def norms_in_reverse_layer_order(text: str, path: str) -> str:
     """Planted bug (per-layer weights out of order): _build_fused_context_kv_metadata stacks the draft layers'
     kv_a_layernorm weights last layer first, so the grouped norm gives layer l layer L-1-l's weight. A one-layer
     draft, or layers with equal norms, cannot show it."""
-    lines = text.splitlines(keepends=True)
-    lo, hi = _method_lines(text, "_build_fused_context_kv_metadata", path)
-    i = _one(lines, lo, hi, r"\[attn\.kv_a_layernorm\.weight\.detach\(\) for attn in attentions\]", path)
-    lines[i] = lines[i].replace("for attn in attentions]", "for attn in attentions[::-1]]")
-    return "".join(lines)
+    return _replace_in_method(text, path, "_build_fused_context_kv_metadata",
+                              r"\[attn\.kv_a_layernorm\.weight\.detach\(\) for attn in attentions\]",
+                              "for attn in attentions]", "for attn in attentions[::-1]]")
 
 
 def comment_only(path: str) -> Edit:

@@ -18,6 +18,7 @@ the noise floor's. Shapes: see refmodel/draft_step.py.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -26,8 +27,10 @@ from typing import Any
 import torch
 
 from k3num.engines import base
+from k3num.engines.mirror import attn_res as mirror_attn_res
 from k3num.engines.mirror import draft_step as bf16_step
 from k3num.fixtures.builders import draft_step_inputs, upcast_weights
+from k3num.fixtures.draft_checkpoint import STREAMS
 from k3num.harness import oracle
 from k3num.harness.judges import LOW, up
 from k3num.oracles import budgets, tokens
@@ -79,24 +82,9 @@ def sharded_projection(engine: Any, split: list[list[int]]) -> Any:
 
 def mixture_tap(mix: Any) -> Any:
     """The aux tap's signature with the engine's read-only mixture (attn_res_mix: prefix, bank, nvb, norm, proj,
-    eps) where the tap mixes: the prefix sum plus the pending MLP output, mixed with the branch's weights
-    (refmodel.attn_res.aux_tap_branch: the next layer's pair, or the output pair on the last rank), as every
-    bound tap does (BRIEF §2); the flag off returns the prefix."""
-    from k3num.refmodel import attn_res as ref_attn_res
-
-    def tap(layer_idx: int, prefix_sum: torch.Tensor, pending: torch.Tensor | None, bank: torch.Tensor, *,
-            enabled: bool, weights: Any, block_size: int, end_layer: int, num_layers: int, is_last_rank: bool,
-            eps: float, non_final_stage: str = "raise") -> torch.Tensor:
-        prefix = prefix_sum if pending is None else prefix_sum + pending
-        if not (enabled and weights is not None):
-            return prefix
-        branch = ref_attn_res.aux_tap_branch(layer_idx, weights, block_size, end_layer, num_layers, is_last_rank)
-        if branch is None:
-            raise ValueError(f"aux tap after layer {layer_idx}: last layer of a non-final PP stage")
-        norm_w, proj_w, nbl = branch
-        return mix(prefix, bank, nbl, norm_w, proj_w, eps)
-
-    return tap
+    eps) where the tap mixes: the mirror's tap (the prefix sum plus the pending MLP output, the branch's weights)
+    with `mix` in place of its own mixture."""
+    return functools.partial(mirror_attn_res.capture_aux_stream, mix=mix)
 
 
 @dataclass(frozen=True)
@@ -195,9 +183,9 @@ def _subject(engine: Any, mirror: Any, name: str) -> tuple[Any, str]:
     return mirror.subject(name), "mirror"
 
 
-# the target's residual stream the taps read (TokenSpeed's names, `aux_hidden_stream`): "attn_res" the AttnRes
-# mixture (vLLM with VLLM_KIMI_K3_AUX_ATTN_RES_STREAM=1), "prefix" the prefix sum (vLLM's default, the flag off)
-STREAMS = ("attn_res", "prefix")
+# the target's residual stream the taps read (STREAMS, TokenSpeed's names of `aux_hidden_stream`): "attn_res" the
+# AttnRes mixture (vLLM with VLLM_KIMI_K3_AUX_ATTN_RES_STREAM=1), "prefix" the prefix sum (vLLM's default, the flag
+# off)
 
 
 def _taps_bf16(inp: Any, case: Any, tap: Any, stream: str = "attn_res") -> torch.Tensor:

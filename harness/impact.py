@@ -201,10 +201,10 @@ def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device
                                                  for v in variants):
             results = []
             step = functools.partial(draft_step.run, trained=trained, served=served)
-            stream_cols = {"trained_stream": trained, "served_stream": served} if trained != served else {}
-            said = f" trained on {trained}, served {served}" if stream_cols else ""
+            cols = {"trained_stream": trained, "served_stream": served} if trained != served else {}
+            said = f" trained on {trained}, served {served}" if cols else ""
             if variant is not None:
-                stream_cols, said = {"variant": variant.name}, f" ({variant.name})"
+                cols, said = {"variant": variant.name}, f" ({variant.name})"
                 step = functools.partial(_composed, variant, trained=trained, served=served)
             if checkpoint is not None and kind != checkpoint.kind:
                 rows.append({"engine": name, "drafter": kind,
@@ -225,13 +225,13 @@ def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device
                     inp = with_activations(draft_step_inputs(case, LOW, device), activations, device)
                     results.append(step(engine, mirror, kind, case, device, inputs=inp))
             except draft_step.NoPathBound as e:
-                rows.append({"engine": name, "drafter": kind, "paths": f"none bound ({e})"[:200], **stream_cols})
+                rows.append({"engine": name, "drafter": kind, "paths": f"none bound ({e})"[:200], **cols})
                 continue
             if log:
                 log(f"[impact] {name} {kind}{said}: {len(results)} blocks")
             # a stream mismatch is a deployment choice measured, not an engine bug: no ledger entry explains it
-            filed = "" if "served_stream" in stream_cols else _filed(engine, sources, mode)
-            rows.append({**_aggregate(name, kind, results, filed), **stream_cols})
+            filed = "" if "served_stream" in cols else _filed(engine, sources, mode)
+            rows.append({**_aggregate(name, kind, results, filed), **cols})
     return pd.DataFrame(rows)
 
 

@@ -37,9 +37,7 @@ def softmax_scale_factor(spec: RopeSpec) -> float:
     for m = 0, a config without `mscale_all_dim`); 1 without YaRN. (GQA models in HF's Qwen convention scale
     cos/sin only: `attention_scaling`.)"""
     y = spec.yarn
-    if y is None or not y.mscale_all_dim:
-        return 1.0
-    return _yarn_mscale(y.factor, y.mscale_all_dim) ** 2
+    return 1.0 if y is None else _yarn_mscale(y.factor, y.mscale_all_dim) ** 2
 
 
 def correction_range(spec: RopeSpec) -> tuple[int, int]:

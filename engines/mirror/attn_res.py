@@ -12,6 +12,8 @@ the branch's weights.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from k3num.engines.mirror.context_kv import acc_dtype
@@ -69,7 +71,12 @@ def capture_aux_stream(
     is_last_rank: bool,
     eps: float,
     non_final_stage: str = "raise",
+    mix: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
+    """The tap (BRIEF §2): the prefix sum plus the pending MLP output, mixed where the stream flag is on with the
+    branch's weights (refmodel.attn_res.aux_tap_branch) through `mix` (prefix, bank, nvb, norm, proj, eps -> the
+    read-only mixture; None: this mirror's, mix_read_only). The draft step composes an engine's own mixture into
+    it where the engine binds no tap (harness/draft_step.mixture_tap)."""
     prefix = prefix_sum if pending_mlp_out is None else prefix_sum + pending_mlp_out
     if not (enabled and weights is not None):
         return prefix
@@ -79,7 +86,7 @@ def capture_aux_stream(
             return prefix
         raise NonFinalStageTapError(f"aux tap after layer {layer_idx}: last layer of a non-final PP stage")
     norm_w, proj_w, nbl = branch
-    return attn_res(prefix, None, bank, norm_w, proj_w, None, nbl, -1, eps, 0.0)
+    return (mix or mix_read_only)(prefix, bank, nbl, norm_w, proj_w, eps)
 
 
 def mix_read_only(prefix: torch.Tensor, bank: torch.Tensor, nvb: int, norm_weight: torch.Tensor,

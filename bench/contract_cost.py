@@ -17,18 +17,17 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.timing import timed  # noqa: E402
 
 BOUND = 0.15  # issue 38: the contracts and the rounding count add under 15% to the main job
 CONTRACTS = "test_rounding_contracts.py"
@@ -42,23 +41,15 @@ class Cost:
         self.roundings_s = 0.0
         self.roundings_n = 0
 
-    def _timed(self, fn: Any) -> Any:
-        @functools.wraps(fn)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.roundings_s += time.perf_counter() - t0
-                self.roundings_n += 1
-
-        return call
+    def _spent(self, seconds: float) -> None:
+        self.roundings_s += seconds
+        self.roundings_n += 1
 
     def pytest_configure(self, config: pytest.Config) -> None:
         from k3num.oracles import metrics
 
         self._orig = metrics.roundings_of
-        metrics.roundings_of = self._timed(metrics.roundings_of)  # type: ignore[assignment]
+        metrics.roundings_of = timed(metrics.roundings_of, self._spent)  # type: ignore[assignment]
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         from k3num.oracles import metrics

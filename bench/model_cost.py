@@ -41,6 +41,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.timing import timed  # noqa: E402
+
 BOUND = 0.10  # the ledger issue's bound: matching under 10% of the example's time
 
 
@@ -66,16 +68,11 @@ class ModelCost:
 
     # the wrappers -----------------------------------------------------------------------------------
     def _timed(self, fn: Any, attr: str) -> Any:
-        @functools.wraps(fn)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                if self.current is not None:
-                    setattr(self.current, attr, getattr(self.current, attr) + time.perf_counter() - t0)
+        def spent(seconds: float) -> None:
+            if self.current is not None:
+                setattr(self.current, attr, getattr(self.current, attr) + seconds)
 
-        return call
+        return timed(fn, spent)
 
     def _record_calls(self, engine: Any, subjects: tuple[str, ...], into: list) -> Any:
         watched = [n for n in getattr(engine, "subjects", {}) if n in subjects]

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -26,6 +28,21 @@ def median_seconds(fn: Callable[[], object], device: torch.device, reps: int) ->
             fn()
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def timed(fn: Callable[..., Any], spent: Callable[[float], None]) -> Callable[..., Any]:
+    """`fn` wrapped to hand the seconds of every call to `spent` (host wall time, perf_counter), raising or not:
+    what the in-process benchmarks wrap a harness function with to see its share of a run."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent(time.perf_counter() - t0)
+
+    return call
 
 
 def copy_seconds(device: torch.device, reps: int) -> tuple[float, int]:

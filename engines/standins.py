@@ -121,3 +121,69 @@ class ContextKVOps:
             return
         _check_scales(scale)
         write_fp8_unchecked(kv_c, k_pe, cache, slots, kv_cache_dtype, scale)
+
+
+def _rotate32(x: torch.Tensor, positions: torch.Tensor | None, table: torch.Tensor | None) -> torch.Tensor:
+    """x [T, *, R] as fp32, its pairs (2i, 2i+1) rotated by table rows [cos | sin] at positions [T] in fp32
+    (no table: x as fp32, unrotated)."""
+    xf = x.float()
+    if table is None or positions is None:
+        return xf
+    r = xf.shape[-1]
+    rows = table[positions].float()
+    view = (xf.shape[0],) + (1,) * (xf.dim() - 2) + (r // 2,)
+    c, s = rows[:, : r // 2].reshape(view), rows[:, r // 2:].reshape(view)
+    a, b = xf[..., 0::2], xf[..., 1::2]
+    return torch.stack([a * c - b * s, b * c + a * s], -1).flatten(-2)
+
+
+def _e4m3(x32: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
+    """fp32 values times a reciprocal scale, clamped to E4M3's largest finite value, rounded to nearest even."""
+    fmt = torch.float8_e4m3fn
+    big = torch.finfo(fmt).max
+    return (x32 * scale_inv.float().reshape(())).clamp(-big, big).to(fmt)
+
+
+def _write_rows(cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> None:
+    """rows [T, W] into cache [NB, BS, W] at slots [T] (< 0 skipped)."""
+    keep = slots >= 0
+    s = slots[keep].to(torch.int64)
+    cache[s // cache.shape[1], s % cache.shape[1]] = rows[keep]
+
+
+class MlaEpilogue:
+    """The MLA layer's fused prefill epilogue (vLLM's fused_mla_key_concat_kv_cache ops, what the draft's own
+    MLA layers write their cache with; refmodel/mla_epilogue.py states it in float64), the mirror's own: fp32
+    math on the storage values, one rounding per output element.
+
+    - insert(q [T, H, P + R] (its rope dims rotated in place), k_nope [T, H, P], k_pe [T, R], kv_c [T, C],
+      cache [NB, BS, C + R] (q's dtype; written), slots [T], positions [T] | None, cos_sin_cache [M, R] fp32
+      | None) -> k [T, H, P + R]: [k_nope | rot(k_pe)] per head; slot t gets [kv_c | rot(k_pe)], t < 0 skipped.
+    - insert_fp8(q, k_nope, k_pe, kv_c, v [T, H, V], cache [NB, BS, C + R] uint8, slots, q_scale_inv,
+      k_scale_inv, v_scale_inv, cache_scale_inv (fp32 [1] each), positions, cos_sin_cache) ->
+      (q8 [T, H, P + R], k8 [T, H, P + R], v8 [T, H, V]) E4M3: each output times its own reciprocal scale,
+      clamped, rounded once (the cache with cache_scale_inv); q is not written.
+    """
+
+    @staticmethod
+    def insert(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tensor, cache: torch.Tensor,
+               slots: torch.Tensor, positions: torch.Tensor | None = None,
+               cos_sin_cache: torch.Tensor | None = None) -> torch.Tensor:
+        t, h, p = k_nope.shape
+        pe = _rotate32(k_pe, positions, cos_sin_cache).to(k_nope.dtype)
+        if cos_sin_cache is not None:
+            q[..., p:] = _rotate32(q[..., p:], positions, cos_sin_cache).to(q.dtype)
+        _write_rows(cache, torch.cat([kv_c, pe], -1), slots)
+        return torch.cat([k_nope, pe[:, None, :].expand(t, h, pe.shape[-1])], -1)
+
+    @staticmethod
+    def insert_fp8(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tensor, v: torch.Tensor,
+                   cache: torch.Tensor, slots: torch.Tensor, q_scale_inv: torch.Tensor, k_scale_inv: torch.Tensor,
+                   v_scale_inv: torch.Tensor, cache_scale_inv: torch.Tensor, positions: torch.Tensor | None = None,
+                   cos_sin_cache: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        t, h, p = k_nope.shape
+        pe = _rotate32(k_pe, positions, cos_sin_cache)
+        q32 = torch.cat([q[..., :p].float(), _rotate32(q[..., p:], positions, cos_sin_cache)], -1)
+        k32 = torch.cat([k_nope.float(), pe[:, None, :].expand(t, h, pe.shape[-1])], -1)
+        _write_rows(cache, _e4m3(torch.cat([kv_c.float(), pe], -1), cache_scale_inv).view(torch.uint8), slots)
+        return _e4m3(q32, q_scale_inv), _e4m3(k32, k_scale_inv), _e4m3(v.float(), v_scale_inv)

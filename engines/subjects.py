@@ -171,6 +171,11 @@ class Capabilities(Mapping[str, Any]):
     nvfp4_loading: Callable[..., Any] | None = _cap("contract", "1", "the compressed-tensors NVFP4 loader")
     nvfp4_modelopt_loading: Callable[..., Any] | None = _cap("contract", "1", "ModelOpt's NVFP4 loader")
     context_kv_ops: Any = _cap("contract", "1", "the context-KV ops one by one (engines.standins.ContextKVOps)")
+    draft_config: Any = _cap("contract", "1", "a draft's own cache configuration on K3: the dense MLA draft's "
+                                              "backend and fp8 cache by default, a GQA draft's page fitting and "
+                                              "grouping (engines/mirror/draft_config.py)")
+    mla_epilogue: Any = _cap("contract", "1", "the MLA layer's fused prefill epilogue: RoPE, key concat, latent cache "
+                                              "insert, bf16 and fp8 (engines.standins.MlaEpilogue)")
     tap_owner: Callable[..., Any] | None = _cap("contract", "2", "which PP stage captures each aux tap")
     pp_taps: Callable[..., Any] | None = _cap("contract", "2", "the PP forward loop's taps (base.PPTapPlan)")
     transfer_pairs: Callable[..., Any] | None = _cap("contract", "3",

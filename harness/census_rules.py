@@ -90,9 +90,6 @@ OFF_PATH_FILES: tuple[FileRule, ...] = (
     FileRule("vllm", "vllm/models/kimi_k3/*/specialized_decode/*",
              "the fused target decode (CuTe-DSL on SM100, a ROCm monolith): its AttnRes stage is coverage's "
              "'CuTe-DSL AttnRes decode' row (SM100 only)"),
-    FileRule("vllm", "vllm/models/kimi_k3/nvidia/ops/fused_mla_key_concat_kv_cache.py",
-             "UNBOUND, on path 1: the target MLA's fused key-concat cache insert; the draft's context write "
-             "(dspark_mla.py) goes through concat_and_cache_mla_grouped (bound) in the pinned releases"),
     FileRule("vllm", "vllm/models/kimi_k3/*dsa*.py", "K3.1's DSA (sparse attention) indexer and its cache: "
              "the target's attention, not one of the paths"),
     FileRule("vllm", "vllm/models/kimi_k3/nvidia/ops/dsa_indexer*.py", "the DSA indexer's kernels"),
@@ -101,12 +98,6 @@ OFF_PATH_FILES: tuple[FileRule, ...] = (
     FileRule("vllm", "vllm/models/kimi_k3/nvidia/kv_balanced_mla/*", "the target's KV-balanced MLA decode backend"),
     FileRule("vllm", "vllm/models/kimi_k3/nvidia/ops/dcp_topk_merge/*", "decode-context-parallel top-k merge of the "
              "target's attention"),
-    FileRule("vllm", "vllm/models/kimi_k3/nvidia/dense_draft.py",
-             "UNBOUND, on path 1 (0.34.0): dense MLA drafts on a DSA target choose their own fp8 cache and "
-             "attention backend (configuration only: configure_dense_draft); the context write stays dspark_mla.py's"),
-    FileRule("vllm", "vllm/models/kimi_k3/nvidia/gqa_draft.py",
-             "UNBOUND, on path 1 (0.34.0): a GQA draft's KV-cache grouping on K3 (page fitting, configuration "
-             "only); SGLang's GQA draft write is bound (fused_kv_write.py)"),
     FileRule("tokenspeed", "tokenspeed_kernel/ops/residual/cuda.py", "the SM100 CUDA AttnRes's registration "
              "(coverage's cuda_attn_res_fwd row: never selected on SM90)"),
     FileRule("tokenspeed", "tokenspeed_kernel/ops/residual/gluon.py", "the AMD Gluon AttnRes's registration "
@@ -182,6 +173,7 @@ _V_MODEL = "vllm/models/kimi_k3/nvidia/model.py"
 _V_ROCM = "vllm/models/kimi_k3/amd/linear.py"
 _V_DSPARK = "vllm/models/kimi_k3/nvidia/dspark_mla.py"
 _V_ATTN = "vllm/models/kimi_k3/nvidia/ops/attn_res.py"
+_V_EPILOGUE = "vllm/models/kimi_k3/nvidia/ops/fused_mla_key_concat_kv_cache.py"
 _T_K3 = "tokenspeed/runtime/models/kimi_k3.py"
 _T_DSPARK = "tokenspeed/runtime/models/kimi_k3_dspark.py"
 _T_CONTEXT = "tokenspeed/runtime/execution/dspark_context.py"
@@ -200,6 +192,17 @@ _DRAFT_QUERY = "the draft's query side (its decoder layers attend over the cache
 
 _V_DRAFTER = "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/model.py"  # 0.34.0's specialized drafter
 RULES: tuple[Rule, ...] = (
+    # nvidia/ops/fused_mla_key_concat_kv_cache.py: the prefill epilogue's bf16 and fp8 inserts are bound
+    # (mla_epilogue: engines/vllm_adapter/mla_epilogue.py, on the ops k3num build-ops builds)
+    Rule("vllm", _V_EPILOGUE, r"fused_mla_key_concat_ds_mla_insert", "off-path",
+         "the fp8_ds_mla cache (K3.1's DSA target layout, 656-byte self-scaled entries): a draft's cache is bf16 or "
+         "plain fp8 (dense_draft.py), never fp8_ds_mla"),
+    Rule("vllm", _V_EPILOGUE, r"_empty_full_key|fused_mla_kv_concat|fused_mla_kv_concat_quant_fp8|"
+         r"fused_mla_kv_pack_quant_fp8", "off-path",
+         "the chunked-context key pack: no cache insert and no RoPE, it reads back latents a prefill already wrote"),
+    Rule("vllm", _V_EPILOGUE, r"fused_mla_decode_q_concat_kv_cache_insert", "unbound",
+         "on path 1: the decode epilogue (the latent query concat and the same cache insert, one token per request); "
+         "its three CUDA ops are not in k3num build-ops' list yet"),
     # nvidia/specialized_decode/drafter/model.py (0.34.0): context_proj and _gathered_linear are bound
     # (context_proj_tp: engines/vllm_adapter/context_proj.py)
     Rule("vllm", _V_DRAFTER, r"register|draft_shape", "off-path",

@@ -139,6 +139,19 @@ def rounded_once_rtol(out_dtype: torch.dtype, eps32: float) -> float:
     return u + (1.0 + u) * eps32
 
 
+def half_spacing(v: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """Half the distance between the out_dtype numbers around each |v| (float64, v's shape): the most a
+    round-to-nearest of v into out_dtype can err, subnormals included (their spacing is the smallest normal
+    times eps). Sharper than u |v| by up to 2x inside a binade, and it does not vanish at zero; a second
+    rounding through a wider format on the way can exceed it by that format's half spacing (the double rounding
+    an elementwise check of "rounded once, to nearest" must see)."""
+    fi = torch.finfo(out_dtype)
+    mag = v.abs().double()
+    _, exp = torch.frexp(mag)
+    binade = torch.where(mag < fi.tiny, fi.tiny, torch.ldexp(torch.ones_like(mag), exp - 1))
+    return binade * (fi.eps / 2)
+
+
 def _name(dtype: torch.dtype | str) -> str:
     return str(dtype).replace("torch.", "")
 

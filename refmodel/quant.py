@@ -177,3 +177,23 @@ def fp8_kv_entry(x: torch.Tensor, scale: float, kv_cache_dtype: str) -> torch.Te
     q = x.detach().to(torch.float32).cpu() / torch.tensor(scale, dtype=torch.float32)
     q = torch.where(torch.isnan(q), q, q.clamp(-big, big))  # __NV_SATFINITE
     return q.to(fmt).view(torch.uint8).to(x.device)
+
+
+def fp8_e4m3_times(x: torch.Tensor, scale_inv: float) -> torch.Tensor:
+    """The E4M3 bytes of x times a reciprocal scale, as vLLM's fused MLA epilogue writes them (csrc/
+    fused_kimi_k3_mla_key_concat_kv_cache_kernel.cu `copyChunk8`: `fminf(fmaxf(float(x) * scale_inv, -max), max)`
+    then `__nv_cvt_float2_to_fp8x2(..., __NV_SATFINITE, __NV_E4M3)`): the fp32 product, correctly rounded,
+    clamped to the format's largest finite value, rounded to nearest even.
+
+    x: any shape, a float dtype, finite (the clamp's treatment of NaN is the kernel's finding, not this model's);
+    scale_inv: finite and > 0; returns uint8, x's shape. An exact contract, stated in fp32 because the kernel
+    multiplies in fp32 (where the epilogue also rotates, its rope dims are judged against the float64 rotation
+    instead: properties/test_mla_epilogue.py)."""
+    if not x.is_floating_point():
+        raise ValueError(f"x: expected a floating dtype, got {x.dtype}")
+    if not (math.isfinite(scale_inv) and scale_inv > 0):
+        raise ValueError(f"scale_inv: expected finite and > 0, got {scale_inv}")
+    fmt = FP8_KV_FORMATS["fp8_e4m3"]
+    big = torch.finfo(fmt).max
+    q = x.detach().to(torch.float32).cpu() * torch.tensor(scale_inv, dtype=torch.float32)
+    return q.clamp(-big, big).to(fmt).view(torch.uint8).to(x.device)

@@ -9,7 +9,12 @@
 #   and carry engine-cache/ without its wheels/ folder (about 0.5 MB).
 # Usage: scripts/device_session.sh OUT [PARTS]
 #   PARTS: comma-separated, any of ops,bench,race,k3,small,hunt,sanitize,golden,k3det,scale,stores,isolation,csrc,check,
-#   checkops,ts,oracle,profile,derand,nightly,known,ranks,tokens,ledger,release,race7,contract,around,tpgemm,stream
+#   checkops,ts,oracle,profile,derand,nightly,known,ranks,tokens,ledger,release,race7,contract,around,tpgemm,stream,
+#   epilogue
+#   `epilogue` builds vLLM's ops (the default release's csrc, with the fused MLA prefill epilogue) and runs
+#   properties/test_mla_epilogue.py on them (K3NUM_EPILOGUE_PROFILE, default nightly-1k), then for each bug of
+#   scripts/mla_epilogue_plants.py (and its comment-only control) builds the planted checkout's ops and runs the
+#   same properties under ci: every plant must fail them, the control pass. OUT/epilogue.md is the table.
 #   `stream` runs `k3num impact --geometry k3 --stream-mismatch` on cuda (K3NUM_STREAM_ENGINES, default vllm,tokenspeed;
 #   K3NUM_STREAM_CASES blocks, default 3): the flips and predicted flips of a draft served the other stream.
 #   `tokens` times the draft step at K3 geometry (bench/draft_step_speed.py: examples/s per engine and drafter,
@@ -116,8 +121,8 @@ out=${1:?usage: scripts/device_session.sh OUT [PARTS]}
 parts=",${2:-bench,race,k3,small},"
 want() { [[ "$parts" == *",$1,"* ]]; }
 for p in ${parts//,/ }; do
-    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts|oracle|profile|derand|nightly|known|ranks|tokens|ledger|release|race7|contract|around|tpgemm|stream) ;;
-        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts, oracle, profile, derand, nightly, known, ranks, tokens, ledger, release, race7, contract, around, tpgemm, stream)"
+    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts|oracle|profile|derand|nightly|known|ranks|tokens|ledger|release|race7|contract|around|tpgemm|stream|epilogue) ;;
+        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts, oracle, profile, derand, nightly, known, ranks, tokens, ledger, release, race7, contract, around, tpgemm, stream, epilogue)"
            exit 2;; esac
 done
 mkdir -p "$out"
@@ -137,7 +142,7 @@ small_engines=${K3NUM_SMALL_ENGINES:-vllm vllm-rocm sglang tokenspeed}
 for e in vllm-0.34.0 vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
-stream=0 tpgemm=0 around=0 contract=0 race7=0 release=0 ledger=0 tokens=0 ranks=0 known=0 bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0 nightly=0
+epilogue=0 stream=0 tpgemm=0 around=0 contract=0 race7=0 release=0 ledger=0 tokens=0 ranks=0 known=0 bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0 nightly=0
 if want tokens; then
     echo "== the draft step at K3 geometry, the token properties and k3num impact on cuda"
     timeout -s INT "${K3NUM_TOKENS_BENCH_TIMEOUT:-200}" python bench/draft_step_speed.py --geometry k3 \
@@ -198,6 +203,33 @@ if want release; then
         || release=1
     echo "ledger reproducers exit $release in $((SECONDS - t0)) s" | tee -a "$out/release.log"
     tail -n 25 "$out/release-k3.log" "$out/release-small.log" "$out/release-repro.log"
+fi
+if want epilogue; then
+    echo "== vLLM's fused MLA prefill epilogue on its built ops: pinned, each planted bug, the control"
+    [ -f "$K3NUM_ENGINE_CACHE/vllm-0.34.0-csrc/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/vllm-0.34.0-csrc (carry it)"; exit 2; }
+    ep_run() {  # label, want, profile, [--engine-src ...]: build, run, append a table row
+        local label=$1 want=$2 profile=$3; shift 3; local t0=$SECONDS
+        python -m k3num.harness.cli build-ops --jobs "$(nproc)" "$@" > "$out/epilogue-build-$label.log" 2>&1
+        local b=$?
+        timeout -s INT "${K3NUM_EPILOGUE_TIMEOUT:-200}" python -m pytest properties/test_mla_epilogue.py --engine vllm \
+            "$@" --device cuda -p no:cacheprovider -q -rfEsx --hypothesis-profile="$profile" \
+            --drift-csv "$out/epilogue-$label.csv" > "$out/epilogue-$label.log" 2>&1
+        local rc=$?
+        echo "| $label | $b | $rc | $want | $profile | $((SECONDS - t0)) |" >> "$out/epilogue.md"
+        grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed|source-gpu|^E  " "$out/epilogue-$label.log" | cut -c1-300 | head -n 12
+        if [ "$b" -ne 0 ] || { [ "$want" = pass ] && [ "$rc" -ne 0 ]; } || { [ "$want" = fail ] && [ "$rc" -ne 1 ]; }; then
+            epilogue=1
+        fi
+    }
+    printf '| tree | build exit | pytest exit | want | profile | s |\n| --- | --- | --- | --- | --- | --- |\n' > "$out/epilogue.md"
+    ep_run pinned pass "${K3NUM_EPILOGUE_PROFILE:-nightly-1k}"
+    trees=/tmp/k3num-epilogue; rm -rf "$trees"
+    python scripts/mla_epilogue_plants.py "$trees" ${K3NUM_EPILOGUE_PLANTS:-} > /dev/null || epilogue=1
+    for tree in "$trees"/*; do
+        name=$(basename "$tree"); want=fail; [ "$name" = control ] && want=pass
+        ep_run "$name" "$want" ci --engine-src "vllm=$tree"
+    done
+    cat "$out/epilogue.md"
 fi
 if want tpgemm; then
     echo "== vLLM 0.34.0's column-parallel context projection on this GPU's GEMM, and its quantized loaders"
@@ -669,4 +701,4 @@ if [ -n "$small_pid" ]; then wait "$small_pid"; small=$?; cat "$out/small.log"; 
 dirs=(); for d in k3 small; do [ -d "$out/$d" ] && dirs+=("$d"); done
 [ ${#dirs[@]} -gt 0 ] && tar czf "$out/properties.tgz" -C "$out" "${dirs[@]}"
 echo "device_session: stream exit $stream, tpgemm exit $tpgemm, around exit $around, contract exit $contract, race7 exit $race7, release exit $release, ledger exit $ledger, tokens exit $tokens, ranks exit $ranks, known exit $known, nightly exit $nightly, oracle exit $oracle, profile exit $profile, derand exit $derand, ts exit $ts, checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
-[ "$stream" -eq 0 ] && [ "$tpgemm" -eq 0 ] && [ "$around" -eq 0 ] && [ "$contract" -eq 0 ] && [ "$race7" -eq 0 ] && [ "$release" -eq 0 ] && [ "$ledger" -eq 0 ] && [ "$tokens" -eq 0 ] && [ "$ranks" -eq 0 ] && [ "$known" -eq 0 ] && [ "$nightly" -eq 0 ] && [ "$oracle" -eq 0 ] && [ "$profile" -eq 0 ] && [ "$derand" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]
+[ "$epilogue" -eq 0 ] && [ "$stream" -eq 0 ] && [ "$tpgemm" -eq 0 ] && [ "$around" -eq 0 ] && [ "$contract" -eq 0 ] && [ "$race7" -eq 0 ] && [ "$release" -eq 0 ] && [ "$ledger" -eq 0 ] && [ "$tokens" -eq 0 ] && [ "$ranks" -eq 0 ] && [ "$known" -eq 0 ] && [ "$nightly" -eq 0 ] && [ "$oracle" -eq 0 ] && [ "$profile" -eq 0 ] && [ "$derand" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]

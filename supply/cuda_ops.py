@@ -5,15 +5,17 @@ of the release a run reads (0.34.0 by default, 0.33.0 for `--engine vllm@0.33.0`
 What `K3DSparkModel._precompute_fused_context_kv` calls through `vllm/_custom_ops.py`:
 `torch.ops._C.rms_norm` (with a 2-D grouped weight), `torch.ops._C.rotary_embedding` and
 `torch.ops._C_cache_ops.concat_and_cache_mla_grouped` (the K3 grouped MLA cache insert of
-csrc/cache_kernels.cu). vLLM 0.33.0 and 0.34.0 pin torch 2.14, but these kernels are registered through
-torch's stable ABI with TORCH_TARGET_VERSION 2.11 (vLLM's CMakeLists), so they build against
-an older torch too.
+csrc/cache_kernels.cu); and what the draft's own MLA layers (`MultiHeadLatentAttention` of
+vllm/models/kimi_k3/nvidia/mla.py) write their cache with in prefill, the fused epilogue of
+csrc/fused_kimi_k3_mla_key_concat_kv_cache_kernel.cu (bf16, and fp8 with q/k/v quantized). vLLM 0.33.0 and 0.34.0
+pin torch 2.14, but these kernels are registered through torch's stable ABI with TORCH_TARGET_VERSION 2.11
+(vLLM's CMakeLists), so they build against an older torch too.
 
 The build:
 - sources: the pinned sdist's csrc include closure (`k3num fetch vllm-csrc`, `vllm@0.33.0-csrc`; hash-checked; a
   machine without network carries that folder) — `layernorm_kernels.cu`,
-  `pos_encoding_kernels.cu`, `cache_kernels.cu` compiled whole, and a registration file of our
-  own (`REGISTRATION` below) whose op schemas are read from the sdist's
+  `pos_encoding_kernels.cu`, `cache_kernels.cu`, `fused_kimi_k3_mla_key_concat_kv_cache_kernel.cu` compiled
+  whole, and a registration file of our own (`REGISTRATION` below) whose op schemas are read from the sdist's
   `csrc/torch_bindings.cpp` at build time, so the ops are declared exactly as vLLM declares them;
 - flags as vLLM's CMake sets them for CUDA (C++20, ENABLE_FP8, the half/bf16 operators left on,
   USE_CUDA, TORCH_TARGET_VERSION 2.11), for this GPU's arch only;
@@ -38,9 +40,14 @@ from k3num.supply import env, fetch
 
 ENGINE = "vllm"
 # (op namespace, op name): the names vllm/_custom_ops.py calls
+# the MLA layer's fused prefill epilogue (vllm/models/kimi_k3/nvidia/ops/fused_mla_key_concat_kv_cache.py): the
+# bf16 insert and the fp8 one that also quantizes q, k and v; what the draft's own MLA layers write their cache with
+MLA_EPILOGUE_OPS = (("_C", "fused_kimi_k3_mla_key_concat_kv_cache_insert"),
+                    ("_C", "fused_kimi_k3_mla_qkv_quant_kv_cache_fp8_insert"))
 OPS = (("_C", "rms_norm"), ("_C", "rotary_embedding"), ("_C_cache_ops", "concat_and_cache_mla_grouped"),
-       ("_C_cache_ops", "concat_and_cache_mla"))
-SOURCES = ("csrc/layernorm_kernels.cu", "csrc/pos_encoding_kernels.cu", "csrc/cache_kernels.cu")
+       ("_C_cache_ops", "concat_and_cache_mla"), *MLA_EPILOGUE_OPS)
+SOURCES = ("csrc/layernorm_kernels.cu", "csrc/pos_encoding_kernels.cu", "csrc/cache_kernels.cu",
+           "csrc/fused_kimi_k3_mla_key_concat_kv_cache_kernel.cu")
 BINDINGS = "csrc/torch_bindings.cpp"
 LIB_NAME = "k3num_vllm_ops"
 # vLLM's CMake (cmake/utils.cmake get_torch_gpu_compiler_flags, CMakeLists.txt _C_stable_libtorch)

@@ -115,8 +115,10 @@ _VLLM_033 = Pin(
             "vllm/model_executor/parameter.py",
             "vllm/model_executor/layers/quantization/compressed_tensors/schemes/compressed_tensors_w4a4_nvfp4.py",
             "vllm/model_executor/layers/quantization/modelopt.py",
+            # the MLA layer's fused prefill epilogue (the draft's own layers write their cache through it)
+            "vllm/models/kimi_k3/nvidia/ops/fused_mla_key_concat_kv_cache.py",
         ),
-        manifest_sha256="5dcff6a124fc3d8a6442c44fc13d3349fd4c2b83c86ff3509ef4a663fb7e8686",
+        manifest_sha256="032c949305b0c0e7c5826b0f195c185d94def5e227cf064f65dcac2118d14ebf",
         builds=(("vllm", "build"), ("vllm-rocm", "build_rocm")),
     )
 
@@ -126,8 +128,11 @@ _VLLM_033 = Pin(
 DRAFTER_MODEL_PY = "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/model.py"
 _VLLM_034 = Pin(
     "vllm", "vllm", "0.34.0", "79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2",
-    (*_VLLM_033.files, DRAFTER_MODEL_PY),
-    manifest_sha256="54aac848c313ec0a1dcfeb05e14058443f143f4714e0276c139a07cb62ef17ac", builds=_VLLM_033.builds,
+    (*_VLLM_033.files, DRAFTER_MODEL_PY,
+     # a dense MLA draft's cache configuration and a GQA draft's cache grouping on K3 (engines/vllm_adapter/
+     # draft_config.py)
+     "vllm/models/kimi_k3/nvidia/dense_draft.py", "vllm/models/kimi_k3/nvidia/gqa_draft.py"),
+    manifest_sha256="5ab6d097262d44e15f3d7b043433f1a9a7df39a1fb6151a14ffb6436a192edc4", builds=_VLLM_033.builds,
 )
 
 # each engine's default release: its newest pinned one (the issue on releases: a harness a release behind is one
@@ -830,15 +835,17 @@ _VLLM_CSRC_ROOTS = (
     "csrc/layernorm_kernels.cu", "csrc/pos_encoding_kernels.cu", "csrc/cache_kernels.cu",
     "csrc/torch_bindings.cpp", "csrc/ops.h",
     # the SM100-only AttnRes kernel (supply/cuda_ops.py builds it on a 10.0-family GPU only)
-    "csrc/kimi_k3/attn_res_kernel.cu")
+    "csrc/kimi_k3/attn_res_kernel.cu",
+    # the MLA layer's fused prefill epilogue (RoPE, key concat, latent cache insert; byte-identical in both releases)
+    "csrc/fused_kimi_k3_mla_key_concat_kv_cache_kernel.cu")
 _VLLM_033_SDIST = SdistPin(
     "vllm", "vllm-0.33.0.tar.gz", "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112",
-    _VLLM_CSRC_ROOTS, manifest_sha256="0e0146bd86212a356bc61fcf26f4af664554d17f50abe446846cd73a8cb07de1")
+    _VLLM_CSRC_ROOTS, manifest_sha256="246565653826f170d4afaf6f6720794daa6c7c0ddec1b6ac38edb47249dc1cee")
 # 0.34.0's csrc: layernorm, pos_encoding and the SM100 attn_res kernel byte-identical to 0.33.0's; cache_kernels.cu,
 # torch_bindings.cpp and ops.h changed (an asymmetric-head reshape_and_cache, the MLA insert's optional RoPE tail)
 _VLLM_034_SDIST = SdistPin(
     "vllm", "vllm-0.34.0.tar.gz", "fcad848b246a9d8652b47e6425af92334dc02492f9802720f54e27b823cf0113",
-    _VLLM_CSRC_ROOTS, manifest_sha256="96c7a6910f97a041682a0e2465e8c74aa321768d560155736cf435cb26c22db2")
+    _VLLM_CSRC_ROOTS, manifest_sha256="1604a8fe82639715b1ca3d4ba99056a21ab4d9f11728319bc49d52a166be88d3")
 
 # Every pinned source distribution of each engine, by release (the compiled ops of a run are built from the csrc
 # of the release it reads: `csrc_dir("vllm@0.33.0")`), and each engine's default one (`PINS`' release).

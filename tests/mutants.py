@@ -402,6 +402,93 @@ class _BrokenOps(standins.ContextKVOps):
 OPS_MUTANTS = ("norm_rounded_twice", "norm_weight_row_0", "rotary_rounded_twice", "insert_pointers_in_address_order",
                "per_layer_insert_offset_swapped", "fp8_scale_multiplied", "fp8_bad_scale_saturated")
 
+
+class _BrokenEpilogue(standins.MlaEpilogue):
+    """The fused MLA prefill epilogue with one planted bug (`bug`); the same bugs are planted in vLLM's CUDA
+    kernel for the GPU (scripts/mla_epilogue_plants.py)."""
+
+    def __init__(self, bug: str) -> None:
+        self.bug = bug
+
+    def _rot(self, x, positions, table):
+        if self.bug == "epilogue_rope_sin_negated" and table is not None:  # each pair turned the other way
+            table = torch.cat([table[:, : table.shape[1] // 2], -table[:, table.shape[1] // 2:]], -1)
+        return standins._rotate32(x, positions, table)
+
+    def insert(self, q, k_nope, k_pe, kv_c, cache, slots, positions=None, cos_sin_cache=None):
+        t, h, p = k_nope.shape
+        pe = self._rot(k_pe, positions, cos_sin_cache).to(k_nope.dtype)
+        if cos_sin_cache is not None:
+            q[..., p:] = self._rot(q[..., p:], positions, cos_sin_cache).to(q.dtype)
+        rows = torch.cat([kv_c, pe], -1)
+        if self.bug == "epilogue_skipped_slot_written":  # a skipped token's -1 indexes the cache's last row
+            cache.view(-1, cache.shape[-1])[slots.to(torch.int64)] = rows
+        else:
+            standins._write_rows(cache, rows, slots)
+        key_pe = k_pe if self.bug == "epilogue_key_pe_unrotated" else pe
+        return torch.cat([k_nope, key_pe[:, None, :].expand(t, h, pe.shape[-1])], -1)
+
+    def insert_fp8(self, q, k_nope, k_pe, kv_c, v, cache, slots, q_scale_inv, k_scale_inv, v_scale_inv,
+                   cache_scale_inv, positions=None, cos_sin_cache=None):
+        t, h, p = k_nope.shape
+        pe = self._rot(k_pe, positions, cos_sin_cache)
+        q_pe = self._rot(q[..., p:], positions, cos_sin_cache)
+        if self.bug == "epilogue_fp8_rope_via_bf16":  # the rotated values stored as bf16 before they are quantized
+            pe, q_pe = pe.to(torch.bfloat16).float(), q_pe.to(torch.bfloat16).float()
+        if self.bug == "epilogue_cache_with_k_scale":  # the cache quantized with the attention key's scale
+            cache_scale_inv = k_scale_inv
+        q32 = torch.cat([q[..., :p].float(), q_pe], -1)
+        k32 = torch.cat([k_nope.float(), pe[:, None, :].expand(t, h, pe.shape[-1])], -1)
+        standins._write_rows(cache, standins._e4m3(torch.cat([kv_c.float(), pe], -1), cache_scale_inv)
+                             .view(torch.uint8), slots)
+        return standins._e4m3(q32, q_scale_inv), standins._e4m3(k32, k_scale_inv), standins._e4m3(v.float(),
+                                                                                                  v_scale_inv)
+
+
+def _draft_config_mutant(bug: str) -> types.SimpleNamespace:
+    """The mirror's draft configuration (engines/mirror/draft_config.py) with one planted bug."""
+    from k3num.engines.mirror import draft_config as dc
+
+    cfg = mirror._draft_config()
+    if bug == "dense_draft_fp8_for_gqa":  # every draft gets the fp8 cache, the GQA ones too
+        def configure(spec_config, text_config, rocm=False):
+            dc.configure_dense_draft(spec_config, text_config, rocm)
+            if spec_config.kv_cache_dtype == "auto":
+                spec_config.kv_cache_dtype = "fp8"
+        cfg.configure_dense_draft = configure
+    if bug == "dense_draft_overrides_users_dtype":  # the default replaces what the user chose
+        def configure_over(spec_config, text_config, rocm=False):
+            spec_config.kv_cache_dtype = None
+            dc.configure_dense_draft(spec_config, text_config, rocm)
+        cfg.configure_dense_draft = configure_over
+    if bug == "gqa_page_not_a_divisor":  # the block shrinks by 64 until it fits, divisor or not
+        def fit(spec, page_size):
+            for b in range(spec.block_size, 0, -dc.ALIGN):
+                if dataclasses.replace(spec, block_size=b).page_size_bytes <= page_size:
+                    return dataclasses.replace(spec, block_size=b)
+            raise ValueError(f"no draft block fits the target's {page_size}-byte KV page: {spec}")
+        cfg.fit_draft_page = fit
+    if bug == "gqa_mla_counted_as_draft":  # every attention layer, MLA too, taken for the draft's
+        def groups(specs, block_outermost, planner):
+            draft = {n: s for n, s in specs.items() if isinstance(s, dc.Spec)}
+            target = {n: s for n, s in specs.items() if n not in draft}
+            if not draft or not target or block_outermost:
+                return planner.get_kv_cache_groups(None, specs)
+            page = max(s.page_size_bytes for s in target.values())
+            unified = planner.unify_kv_cache_spec_page_size({**target, **{n: dc.fit_draft_page(s, page)
+                                                                          for n, s in draft.items()}})
+            return (planner.get_kv_cache_groups(None, {n: unified[n] for n in target})
+                    + planner.get_kv_cache_groups(None, {n: unified[n] for n in draft}))
+        cfg.kv_cache_groups = groups
+    return cfg
+
+
+DRAFT_CONFIG_MUTANTS = ("dense_draft_fp8_for_gqa", "dense_draft_overrides_users_dtype", "gqa_page_not_a_divisor",
+                        "gqa_mla_counted_as_draft")
+
+EPILOGUE_MUTANTS = ("epilogue_rope_sin_negated", "epilogue_fp8_rope_via_bf16", "epilogue_cache_with_k_scale",
+                    "epilogue_skipped_slot_written", "epilogue_key_pe_unrotated")
+
 # --- the hunt's families (oracles/hunt.py): state kept between calls, rows left unwritten, reads past
 # the rows a call may read, taps lost between PP stages
 
@@ -606,7 +693,8 @@ EXTRA_MUTANTS: dict[str, tuple[dict[str, base.Subject], dict[str, object]]] = {
 
 
 ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS, *TRANSFER_MUTANTS, *KV_TRANSFER_MUTANTS, *MATERIALIZE_MUTANTS,
-              *OWNER_MUTANTS, *OPS_MUTANTS, *PP_MUTANTS, *FP8_MUTANTS, *EXTRA_MUTANTS, *TOKENSPEED_PP_MUTANTS])
+              *OWNER_MUTANTS, *OPS_MUTANTS, *EPILOGUE_MUTANTS, *DRAFT_CONFIG_MUTANTS, *PP_MUTANTS, *FP8_MUTANTS,
+              *EXTRA_MUTANTS, *TOKENSPEED_PP_MUTANTS])
 
 
 # --- drifting subjects: NOT bugs the properties must catch. Each adds one extra rounding where the
@@ -666,6 +754,10 @@ def build(name: str) -> base.Engine:
         extras["tap_owner"] = OWNER_MUTANTS[name]
     if name in OPS_MUTANTS:
         extras["context_kv_ops"] = _BrokenOps(name)
+    if name in EPILOGUE_MUTANTS:
+        extras["mla_epilogue"] = _BrokenEpilogue(name)
+    if name in DRAFT_CONFIG_MUTANTS:
+        extras["draft_config"] = _draft_config_mutant(name)
     if name in PP_MUTANTS:
         extras["pp_taps"] = _pp_mutant(name)
     if name in FP8_MUTANTS[:2]:

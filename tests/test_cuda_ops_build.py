@@ -95,6 +95,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(_C, ops) {
   ops.def("rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size,"
           " Tensor cos_sin_cache, bool is_neox) -> ()");
   ops.def("concat_and_cache_mla_grouped(Tensor a) -> ()");
+  ops.def("fused_kimi_k3_mla_key_concat_kv_cache_insert(Tensor! q, Tensor k_nope) -> ()");
+  ops.def("fused_kimi_k3_mla_qkv_quant_kv_cache_fp8_insert(Tensor q, Tensor! q_fp8) -> ()");
 }
 STABLE_TORCH_LIBRARY_FRAGMENT(_C_cache_ops, ops) {
   ops.def(

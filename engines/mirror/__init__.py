@@ -38,7 +38,8 @@ def build() -> base.Engine:
                                "tap_owner": attn_res.tap_owner_layer, "pp_taps": pp.pp_taps,
                                "block_fp8_loading": weights.load_block_fp8, "nvfp4_loading": weights.load_nvfp4,
                                "nvfp4_modelopt_loading": weights.load_nvfp4_modelopt,
-                               "context_kv_ops": _context_kv_ops(),
+                               "context_kv_ops": _context_kv_ops(), "mla_epilogue": _mla_epilogue(),
+                               "draft_config": _draft_config(),
                                "draft_kv_materialize": projection.draft_context_kv,
                                "segmented_rmsnorm": projection.segmented_rms_norm,
                                "project_unsharded_fc_norm": projection.project_unsharded_fc_norm,
@@ -50,6 +51,20 @@ def _context_kv_ops():
     from k3num.engines.standins import ContextKVOps  # standins builds on the mirror's kernels
 
     return ContextKVOps()
+
+
+def _draft_config() -> types.SimpleNamespace:
+    from k3num.engines.mirror import draft_config as dc
+
+    return types.SimpleNamespace(configure_dense_draft=dc.configure_dense_draft, fit_draft_page=dc.fit_draft_page,
+                                 kv_cache_groups=dc.kv_cache_groups, Backend=dc.Backend, Spec=dc.Spec,
+                                 MLASpec=dc.MLASpec, StateSpec=dc.StateSpec, Planner=dc.Planner)
+
+
+def _mla_epilogue():
+    from k3num.engines.standins import MlaEpilogue  # standins builds on the mirror's kernels
+
+    return MlaEpilogue()
 
 
 def weight_loading() -> types.SimpleNamespace:

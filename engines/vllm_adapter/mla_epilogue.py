@@ -1,0 +1,58 @@
+"""vLLM's fused MLA prefill epilogue (vllm/models/kimi_k3/nvidia/ops/fused_mla_key_concat_kv_cache.py over
+csrc/fused_kimi_k3_mla_key_concat_kv_cache_kernel.cu): what `MultiHeadLatentAttention` (nvidia/mla.py), the
+DSpark draft's own layers among its users, writes its prefill tokens' latent cache with. The release's two
+wrappers are lifted and called on the ops `k3num build-ops` built from the release's csrc; without those ops
+(no CUDA) the capability is absent and its properties skip saying why.
+
+Shapes: engines.standins.MlaEpilogue.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from k3num.engines import source
+
+MLA_EPILOGUE_PY = "vllm/models/kimi_k3/nvidia/ops/fused_mla_key_concat_kv_cache.py"
+KERNEL_CU = "csrc/fused_kimi_k3_mla_key_concat_kv_cache_kernel.cu"
+BF16_INSERT = "fused_mla_key_concat_kv_cache_insert"
+FP8_INSERT = "fused_mla_qkv_quant_kv_cache_fp8_insert"
+# the wrappers' leading parameters the adapter passes by position (CONTRACT: a re-signed wrapper is named)
+SIGNATURES = {
+    BF16_INSERT: ["q", "k_nope", "k_pe", "kv_c_normed", "kv_cache", "slot_mapping", "positions", "cos_sin_cache"],
+    FP8_INSERT: ["q", "k_nope", "k_pe", "kv_c_normed", "v", "kv_cache", "slot_mapping", "q_scale_inv", "k_scale_inv",
+                 "v_scale_inv", "cache_scale_inv", "positions", "cos_sin_cache"],
+}
+
+
+class RealMlaEpilogue:
+    """The release's two wrappers under engines.standins.MlaEpilogue's interface."""
+
+    def __init__(self, bf16_insert: Any, fp8_insert: Any) -> None:
+        self._bf16, self._fp8 = bf16_insert, fp8_insert
+
+    def insert(self, q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tensor,
+               cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor | None = None,
+               cos_sin_cache: torch.Tensor | None = None) -> torch.Tensor:
+        return self._bf16(q, k_nope, k_pe, kv_c, cache, slots, positions, cos_sin_cache)
+
+    def insert_fp8(self, q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, kv_c: torch.Tensor,
+                   v: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, q_scale_inv: torch.Tensor,
+                   k_scale_inv: torch.Tensor, v_scale_inv: torch.Tensor, cache_scale_inv: torch.Tensor,
+                   positions: torch.Tensor | None = None,
+                   cos_sin_cache: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # the layer views its fp8 cache as E4M3 before the call (nvidia/mla.py), as the op's check requires
+        fp8_cache = cache if cache.dtype == torch.float8_e4m3fn else cache.view(torch.float8_e4m3fn)
+        return self._fp8(q, k_nope, k_pe, kv_c, v, fp8_cache, slots, q_scale_inv, k_scale_inv, v_scale_inv,
+                         cache_scale_inv, positions, cos_sin_cache)
+
+
+def bind(root: Path) -> RealMlaEpilogue:
+    """The wrappers of the tree under `root`, lifted over torch alone (their bodies call torch.ops._C, which
+    `k3num build-ops` registered)."""
+    path = root / MLA_EPILOGUE_PY
+    return RealMlaEpilogue(source.lift(path, BF16_INSERT, {"torch": torch}),
+                           source.lift(path, FP8_INSERT, {"torch": torch}))

@@ -169,6 +169,26 @@ def _bf16_np(x: np.ndarray) -> np.ndarray:
     return u.view(np.float32).astype(np.float64)
 
 
+def _np64(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's values as float64 numpy (float32 and float64 read without a torch operation)."""
+    return (t if t.dtype in (torch.float32, torch.float64) else t.float()).numpy().astype(np.float64)
+
+
+def _finalize_at_once(c: Call) -> bool:
+    """`_finalize_model`'s bound without its midpoint term, in numpy on the CPU: True where it alone explains the
+    finalized projection (the common case), False sends the call to `_finalize_model` (bench/model_cost.py)."""
+    partials, norm, eps, order = c.args[0], c.args[1], float(c.args[2]), list(c.args[4])
+    if c.out.device.type != "cpu":
+        return False
+    s = np.sum([_np64(partials[i]) for i in order], axis=0)  # [N, H_out] the float32 partials' exact sum
+    if not np.isfinite(s).all():
+        return False
+    r = _bf16_np(s)  # the sum rounded to bf16 before the norm
+    want = r / np.sqrt(np.mean(r * r, axis=-1, keepdims=True) + eps) * _np64(norm)
+    bound = (U_BF16 + r.shape[-1] * U_FP32) * np.abs(want)
+    return bool((np.abs(_np64(c.out) - want) <= MARGIN * bound).all())
+
+
 def _stage_partials_at_once(cs: list[Call]) -> bool:
     """Whether every stage partial of `cs` is explained by the float32 running sum's bound alone, judged for all
     of them at once where they share their taps [K,N,H] and fc weight [H_out,K*H] (the PP stages of one
@@ -186,13 +206,13 @@ def _stage_partials_at_once(cs: list[Call]) -> bool:
         member[j, list(c.args[2])] = 1.0
     count = member.sum(axis=1, keepdims=True).clip(min=1.0)  # [S, 1] the float32 sum's terms
     if taps.device.type == "cpu":
-        a, w = taps.double().numpy(), fc.double().numpy().reshape(h_out, k, h).transpose(1, 2, 0)
+        a, w = _np64(taps), _np64(fc).reshape(h_out, k, h).transpose(1, 2, 0)
         p = np.matmul(a, w)  # [K, N, H_out] each tap's exact projection
         if not np.isfinite(p).all():
             return False
         r = _bf16_np(p).reshape(k, -1)  # project_target_tap: one bf16 rounding per tap
         want, bound = member @ r, count * U_FP32 * (member @ np.abs(r))  # [S, N*H_out] add_capture's sum
-        out = torch.stack([c.out for c in cs]).double().numpy().reshape(len(cs), -1)
+        out = np.stack([_np64(c.out).reshape(-1) for c in cs])
         return bool((np.abs(out - want) <= MARGIN * bound).all())
     m = torch.from_numpy(member).to(taps.device)
     p = torch.bmm(taps.double(), fc.double().view(h_out, k, h).permute(1, 2, 0))  # [K, N, H_out]
@@ -212,6 +232,8 @@ def tap_projections_rounded_to_bf16(calls: list[Call]) -> str:
     if stages and _stage_partials_at_once(stages):
         relevant = [c for c in relevant if c.subject != base.STAGE_PARTIAL]  # every stage call explained
     for c in relevant:
+        if c.subject == base.FINALIZE_PROJECTION and _finalize_at_once(c):
+            continue
         why = _stage_partial_model(c) if c.subject == base.STAGE_PARTIAL else _finalize_model(c)
         if why:
             return why

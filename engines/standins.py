@@ -163,6 +163,10 @@ class MlaEpilogue:
       k_scale_inv, v_scale_inv, cache_scale_inv (fp32 [1] each), positions, cos_sin_cache) ->
       (q8 [T, H, P + R], k8 [T, H, P + R], v8 [T, H, V]) E4M3: each output times its own reciprocal scale,
       clamped, rounded once (the cache with cache_scale_inv); q is not written.
+    - decode(ql_nope [T, H, C], q_pe [T, H, R], kv_c [T, C], k_pe [T, R], cache [NB, BS, C + R], slots [T],
+      q_scale_inv=None, cache_scale_inv=None (fp32 [1] each: both or neither; an fp8 query and a uint8 cache),
+      positions=None, cos_sin_cache=None) -> mqa_q [T, H, C + R] = [ql_nope | rot(q_pe)] (bf16, or E4M3 times
+      q_scale_inv); slot t gets [kv_c | rot(k_pe)] as the prefill inserts write it.
     """
 
     @staticmethod
@@ -187,3 +191,16 @@ class MlaEpilogue:
         k32 = torch.cat([k_nope.float(), pe[:, None, :].expand(t, h, pe.shape[-1])], -1)
         _write_rows(cache, _e4m3(torch.cat([kv_c.float(), pe], -1), cache_scale_inv).view(torch.uint8), slots)
         return _e4m3(q32, q_scale_inv), _e4m3(k32, k_scale_inv), _e4m3(v.float(), v_scale_inv)
+
+    @staticmethod
+    def decode(ql_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor,
+               cache: torch.Tensor, slots: torch.Tensor, q_scale_inv: torch.Tensor | None = None,
+               cache_scale_inv: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+               cos_sin_cache: torch.Tensor | None = None) -> torch.Tensor:
+        q32 = torch.cat([ql_nope.float(), _rotate32(q_pe, positions, cos_sin_cache)], -1)
+        entry32 = torch.cat([kv_c.float(), _rotate32(k_pe, positions, cos_sin_cache)], -1)
+        if q_scale_inv is None:
+            _write_rows(cache, entry32.to(kv_c.dtype), slots)
+            return q32.to(ql_nope.dtype)
+        _write_rows(cache, _e4m3(entry32, cache_scale_inv).view(torch.uint8), slots)
+        return _e4m3(q32, q_scale_inv)

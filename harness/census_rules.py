@@ -192,7 +192,8 @@ _DRAFT_QUERY = "the draft's query side (its decoder layers attend over the cache
 
 _V_DRAFTER = "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/model.py"  # 0.34.0's specialized drafter
 RULES: tuple[Rule, ...] = (
-    # nvidia/ops/fused_mla_key_concat_kv_cache.py: the prefill epilogue's bf16 and fp8 inserts are bound
+    # nvidia/ops/fused_mla_key_concat_kv_cache.py: the prefill epilogue's bf16 and fp8 inserts and the decode
+    # epilogue (its bf16 and fp8 ops; the fp8_ds_mla one declared below) are bound
     # (mla_epilogue: engines/vllm_adapter/mla_epilogue.py, on the ops k3num build-ops builds)
     Rule("vllm", _V_EPILOGUE, r"fused_mla_key_concat_ds_mla_insert", "off-path",
          "the fp8_ds_mla cache (K3.1's DSA target layout, 656-byte self-scaled entries): a draft's cache is bf16 or "
@@ -200,9 +201,6 @@ RULES: tuple[Rule, ...] = (
     Rule("vllm", _V_EPILOGUE, r"_empty_full_key|fused_mla_kv_concat|fused_mla_kv_concat_quant_fp8|"
          r"fused_mla_kv_pack_quant_fp8", "off-path",
          "the chunked-context key pack: no cache insert and no RoPE, it reads back latents a prefill already wrote"),
-    Rule("vllm", _V_EPILOGUE, r"fused_mla_decode_q_concat_kv_cache_insert", "unbound",
-         "on path 1: the decode epilogue (the latent query concat and the same cache insert, one token per request); "
-         "its three CUDA ops are not in k3num build-ops' list yet"),
     # nvidia/specialized_decode/drafter/model.py (0.34.0): context_proj and _gathered_linear are bound
     # (context_proj_tp: engines/vllm_adapter/context_proj.py)
     Rule("vllm", _V_DRAFTER, r"register|draft_shape", "off-path",

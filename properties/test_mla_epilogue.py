@@ -172,3 +172,107 @@ def test_fp8_epilogue_quantizes_q_k_v_and_the_cache_each_with_its_own_scale(engi
         v_ref = (rot * s).clamp(-big, big)
         slack = 2.5 * u32 * (1 + u32) * s * _pair_norm(src) + u32 * v_ref.abs()
         _nearest(engine, "mla_epilogue_fp8_rounded_once", what, got, v_ref, slack, E4M3, seed, detail)
+
+
+def _decode_case(seed: int, tokens: int, heads: int, rope: bool, max_pos: int, fp8: bool):
+    """A decode step's inputs as the layer hands them over: ql_nope [T, H, C] the BMM's [H, T, C] output seen
+    token-major (strided), q_pe [T, H, R] a strided view of the query, kv_c [T, C] contiguous, k_pe [T, R] a
+    strided view; positions; the table or None; slots (every third -1); the cache (bf16 noise, or random bytes)."""
+    gen = torch.Generator().manual_seed(seed)
+    ql_nope = (torch.randn(heads, tokens, C, generator=gen) * 4).to(LOW).to(DEVICE).transpose(0, 1)
+    q = (torch.randn(tokens, heads, P + R, generator=gen) * 4).to(LOW).to(DEVICE)
+    kv_a = (torch.randn(tokens, C + R, generator=gen) * 4).to(LOW).to(DEVICE)
+    positions = torch.randint(0, max_pos, (tokens,), generator=gen).to(DEVICE)
+    num_blocks = -(-2 * tokens // BLOCK)
+    slots = torch.randperm(num_blocks * BLOCK, generator=gen)[:tokens]
+    slots[seed % 3:: 3] = -1
+    table = rope_cache(SPEC, max_pos, torch.float32, torch.device(DEVICE)) if rope else None
+    if fp8:
+        cache = torch.randint(0, 256, (num_blocks, BLOCK, C + R), generator=gen, dtype=torch.uint8).to(DEVICE)
+    else:
+        cache = torch.randn(num_blocks, BLOCK, C + R, generator=gen).to(LOW).to(DEVICE)
+    return ql_nope, q[..., P:], kv_a[:, :C].contiguous(), kv_a[:, C:], positions, table, slots.to(DEVICE), cache
+
+
+def _rotated_part(engine, prop: str, what: str, got: torch.Tensor, rot: torch.Tensor, src: torch.Tensor,
+                  scale: float | None, seed: int, detail: str) -> None:
+    """A rotated part judged rounded once to nearest: bf16 (scale None) or E4M3 after the product by `scale`."""
+    u32 = budgets.U32
+    if scale is None:
+        _nearest(engine, prop, what, got, rot, 2.5 * u32 * _pair_norm(src), LOW, seed, detail)
+        return
+    big = torch.finfo(E4M3).max
+    v_ref = (rot * scale).clamp(-big, big)
+    slack = 2.5 * u32 * (1 + u32) * scale * _pair_norm(src) + u32 * v_ref.abs()
+    _nearest(engine, prop, what, got.view(E4M3), v_ref, slack, E4M3, seed, detail)
+
+
+# up to 64 tokens the decode kernel splits each 576-wide row over three warps, beyond it one warp a row: both drawn
+@given(seed=seeds, tokens=st.one_of(st.integers(1, 64), st.integers(65, 96)), heads=st.integers(1, 8),
+       rope=st.booleans(), fp8=st.booleans(), max_pos=st.sampled_from([8, 4096, 32768]),
+       scales=st.lists(st.floats(0.0625, 8.0, allow_nan=False, width=32), min_size=2, max_size=2, unique=True))
+def test_decode_epilogue_concats_the_latent_query_and_inserts_the_entry_rounded_once(engine, seed, tokens, heads, rope,
+                                                                                     fp8, max_pos, scales):
+    """The decode epilogue: mqa_q[t, h] = [ql_nope | rot(q_pe)] (bf16, or E4M3 times 1/q_scale), slot t of the
+    cache = [kv_c | rot(k_pe)] (bf16, or E4M3 times 1/cache_scale): the unrotated parts exactly, the rotated ones
+    rounded once to nearest; skipped slots and every other byte of the cache kept."""
+    ops = _epilogue(engine)
+    ql_nope, q_pe, kv_c, k_pe, positions, table, slots, cache = _decode_case(seed, tokens, heads, rope, max_pos, fp8)
+    before = cache.clone()
+    inv = [torch.tensor([1.0 / s], dtype=torch.float32) for s in scales] if fp8 else [None, None]
+    mqa = ops.decode(ql_nope, q_pe, kv_c, k_pe, cache, slots, *(None if i is None else i.to(DEVICE) for i in inv),
+                     positions if rope else None, table)
+    qs, cs = (None, None) if not fp8 else (float(inv[0]), float(inv[1]))
+    want_dtype = E4M3 if fp8 else LOW
+    assert mqa.dtype == want_dtype and mqa.shape == (tokens, heads, C + R), f"mqa_q: {mqa.dtype} {list(mqa.shape)}"
+    keep = slots >= 0
+    where = (slots[keep] // BLOCK, slots[keep] % BLOCK)
+    written = cache[where]
+    expected = before.clone()
+    expected[where] = written
+    assert_bitwise(cache, expected, "the cache outside the mapped slots (skipped slots and every other byte)")
+    if fp8:
+        assert_bitwise(mqa[..., :C].view(torch.uint8), quant.fp8_e4m3_times(ql_nope, qs), "mqa_q's latent part")
+        assert_bitwise(written[:, :C], quant.fp8_e4m3_times(kv_c[keep], cs), "the cache's kv_c part")
+    else:
+        assert_bitwise(mqa[..., :C], ql_nope.contiguous(), "mqa_q's latent part")
+        assert_bitwise(written[:, :C], kv_c[keep], "the cache's kv_c part")
+    if not rope:
+        if fp8:
+            assert_bitwise(mqa[..., C:].view(torch.uint8), quant.fp8_e4m3_times(q_pe, qs), "mqa_q's rope part")
+            assert_bitwise(written[:, C:], quant.fp8_e4m3_times(k_pe[keep], cs), "the cache's k_pe")
+        else:
+            assert_bitwise(mqa[..., C:], q_pe.contiguous(), "mqa_q's rope part without a table")
+            assert_bitwise(written[:, C:], k_pe[keep], "the cache's k_pe without a table")
+        return
+    q_ref, entry = mla_epilogue.decode_epilogue(up(ql_nope), up(q_pe), up(kv_c), up(k_pe), _rows(table, positions))
+    detail = f"decode;{'fp8' if fp8 else 'bf16'};T={tokens};H={heads};max_pos={max_pos}"
+    prop = "mla_decode_epilogue_rounded_once"
+    _rotated_part(engine, prop, "q_pe", mqa[..., C:], q_ref[..., C:], up(q_pe), qs, seed, detail)
+    _rotated_part(engine, prop, "cache k_pe", written[:, C:], entry[keep][:, C:], up(k_pe[keep]), cs, seed, detail)
+
+
+@given(seed=seeds, tokens=st.one_of(st.integers(1, 64), st.integers(65, 96)), rope=st.booleans(), fp8=st.booleans(),
+       scale=st.floats(0.0625, 8.0, allow_nan=False, width=32))
+def test_a_tokens_cache_entry_is_the_same_whether_its_prefill_or_its_decode_wrote_it(engine, seed, tokens, rope, fp8,
+                                                                                   scale):
+    """The same token (kv_c, k_pe, position, slot) written by the prefill insert and by the decode insert into two
+    copies of one cache: the same bytes everywhere, so what a later step reads does not depend on which of the two
+    wrote the token (bf16, and fp8 at one cache scale)."""
+    ops = _epilogue(engine)
+    ql_nope, q_pe, kv_c, k_pe, positions, table, slots, cache = _decode_case(seed, tokens, 1, rope, 4096, fp8)
+    by_prefill, by_decode = cache.clone(), cache.clone()
+    pos = positions if rope else None
+    gen = torch.Generator().manual_seed(seed + 1)
+    q = torch.randn(tokens, 1, P + R, generator=gen).to(LOW).to(DEVICE)
+    k_nope = torch.randn(tokens, 1, P, generator=gen).to(LOW).to(DEVICE)
+    inv = torch.tensor([1.0 / scale], dtype=torch.float32, device=DEVICE)
+    if fp8:
+        v = torch.randn(tokens, 1, V, generator=gen).to(LOW).to(DEVICE)
+        ops.insert_fp8(q, k_nope, k_pe, kv_c, v, by_prefill, slots, inv, inv, inv, inv, pos, table)
+        ops.decode(ql_nope, q_pe, kv_c, k_pe, by_decode, slots, inv, inv, pos, table)
+    else:
+        ops.insert(q, k_nope, k_pe, kv_c, by_prefill, slots, pos, table)
+        ops.decode(ql_nope, q_pe, kv_c, k_pe, by_decode, slots, None, None, pos, table)
+    assert_bitwise(by_decode, by_prefill, f"the {'fp8' if fp8 else 'bf16'} cache written by decode against prefill "
+                                          f"(rope={rope})")

@@ -10,6 +10,11 @@ nvidia/mla.py):
     k[t, h]       =  [k_nope[t, h] | rot(k_pe[t], t)]       (every head the same rotated k_pe)
     cache[slot_t] =  [kv_c[t] | rot(k_pe[t], t)]            (slot_t < 0: not written)
 
+and for a decode token (`decode_epilogue`, the same file's decode ops, right before the latent attention):
+
+    mqa_q[t, h]   =  [ql_nope[t, h] | rot(q_pe[t, h], t)]    (the absorbed query's latent part and its rope part)
+    cache[slot_t] =  [kv_c[t] | rot(k_pe[t], t)]            (the same entry the prefill epilogue writes)
+
 with rot the GPT-J rotation of the pairs (2i, 2i+1) by the angle of pair i at the token's position, read from
 the caller's cos/sin table (rows [cos | sin]); without a table (K3's NoPE target layers) rot is the identity.
 The oracle rotates by the table's own values, so the table's rounding is the table's, not the epilogue's.
@@ -57,3 +62,21 @@ def prefill_epilogue(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, 
         q_out[..., p:] = rotate_pairs(q[..., p:], cos_sin)
     k = torch.cat([k_nope, pe[:, None, :].expand(t, h, r)], -1)
     return q_out, k, torch.cat([kv_c, pe], -1)
+
+
+def decode_epilogue(ql_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor,
+                    cos_sin: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """ql_nope [T, H, C], q_pe [T, H, R], kv_c [T, C], k_pe [T, R] float64; cos_sin [T, R] float64 or None ->
+    (mqa_q [T, H, C + R], entry [T, C + R]) float64, new tensors: every head's latent query with its rope part
+    rotated, and the token's latent cache entry (the prefill epilogue's entry for the same token)."""
+    for name, x, dims in (("ql_nope", ql_nope, 3), ("q_pe", q_pe, 3), ("kv_c", kv_c, 2), ("k_pe", k_pe, 2)):
+        checks.float64(name, x)
+        if x.dim() != dims:
+            raise ValueError(f"{name}: expected {dims} dims, got shape {list(x.shape)}")
+    t, h, _ = ql_nope.shape
+    if q_pe.shape[:2] != (t, h) or kv_c.shape[0] != t or k_pe.shape[0] != t or q_pe.shape[2] != k_pe.shape[1]:
+        raise ValueError(f"shapes disagree: ql_nope {list(ql_nope.shape)}, q_pe {list(q_pe.shape)}, kv_c "
+                         f"{list(kv_c.shape)}, k_pe {list(k_pe.shape)} (want [T, H, C], [T, H, R], [T, C], [T, R])")
+    q_rot = q_pe if cos_sin is None else rotate_pairs(q_pe, cos_sin)
+    pe = k_pe if cos_sin is None else rotate_pairs(k_pe, cos_sin)
+    return torch.cat([ql_nope, q_rot], -1), torch.cat([kv_c, pe], -1)

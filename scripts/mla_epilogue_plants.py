@@ -43,6 +43,15 @@ PLANTS: dict[str, tuple[str, str, str]] = {
         "    int64_t const slot_id = slot_mapping[tokenIdx] < 0 ? 0 : slot_mapping[tokenIdx];\n"
         "    if (slot_id >= 0) {\n      scalar_t* row = k_cache +",
         "the bf16 insert writes a skipped token (slot -1) into slot 0"),
+    "epilogue_decode_cache_with_q_scale": (
+        "      float const ksi = KV_FP8 ? __ldg(cache_scale_inv) : 1.0f;\n",
+        "      float const ksi = KV_FP8 ? __ldg(q_scale_inv) : 1.0f;\n",
+        "the fp8 decode epilogue's cache latent quantized with the query's scale, not the cache's"),
+    "epilogue_decode_split_lanes_overlap": (
+        "  int const lane = part * 32 + laneId;\n",
+        "  int const lane = laneId;\n",
+        "the decode epilogue's three warps of a split row (64 tokens or fewer) write the same elements: the row's "
+        "elements past the first warp's are never written"),
     "control": ("\n", "\n// a head's edit, a comment only (scripts/mla_epilogue_plants.py)\n",
                 "a comment: nothing may change"),
 }

@@ -41,9 +41,12 @@ from k3num.supply import env, fetch
 ENGINE = "vllm"
 # (op namespace, op name): the names vllm/_custom_ops.py calls
 # the MLA layer's fused prefill epilogue (vllm/models/kimi_k3/nvidia/ops/fused_mla_key_concat_kv_cache.py): the
-# bf16 insert and the fp8 one that also quantizes q, k and v; what the draft's own MLA layers write their cache with
+# bf16 insert and the fp8 one that also quantizes q, k and v, and the decode epilogue's bf16 and fp8 inserts (the
+# latent query concat); what the draft's own MLA layers write their cache with
 MLA_EPILOGUE_OPS = (("_C", "fused_kimi_k3_mla_key_concat_kv_cache_insert"),
-                    ("_C", "fused_kimi_k3_mla_qkv_quant_kv_cache_fp8_insert"))
+                    ("_C", "fused_kimi_k3_mla_qkv_quant_kv_cache_fp8_insert"),
+                    ("_C", "fused_kimi_k3_mla_decode_q_concat_kv_cache_insert"),
+                    ("_C", "fused_kimi_k3_mla_decode_q_concat_kv_cache_fp8_insert"))
 OPS = (("_C", "rms_norm"), ("_C", "rotary_embedding"), ("_C_cache_ops", "concat_and_cache_mla_grouped"),
        ("_C_cache_ops", "concat_and_cache_mla"), *MLA_EPILOGUE_OPS)
 SOURCES = ("csrc/layernorm_kernels.cu", "csrc/pos_encoding_kernels.cu", "csrc/cache_kernels.cu",

@@ -444,6 +444,18 @@ class _BrokenEpilogue(standins.MlaEpilogue):
         return standins._e4m3(q32, q_scale_inv), standins._e4m3(k32, k_scale_inv), standins._e4m3(v.float(),
                                                                                                   v_scale_inv)
 
+    def decode(self, ql_nope, q_pe, kv_c, k_pe, cache, slots, q_scale_inv=None, cache_scale_inv=None,
+               positions=None, cos_sin_cache=None):
+        if self.bug == "epilogue_decode_q_pe_unrotated":  # the latent query's rope part left as it came
+            super().decode(ql_nope, q_pe, kv_c, k_pe, cache, slots, q_scale_inv, cache_scale_inv, positions,
+                           cos_sin_cache)  # the cache as it should be
+            plain = torch.cat([ql_nope.float(), q_pe.float()], -1)
+            return plain.to(ql_nope.dtype) if q_scale_inv is None else standins._e4m3(plain, q_scale_inv)
+        if self.bug == "epilogue_decode_cache_with_q_scale":  # the decode's fp8 cache quantized with the query's scale
+            cache_scale_inv = q_scale_inv
+        return super().decode(ql_nope, q_pe, kv_c, k_pe, cache, slots, q_scale_inv, cache_scale_inv, positions,
+                              cos_sin_cache)
+
 
 def _draft_config_mutant(bug: str) -> types.SimpleNamespace:
     """The mirror's draft configuration (engines/mirror/draft_config.py) with one planted bug."""
@@ -487,7 +499,8 @@ DRAFT_CONFIG_MUTANTS = ("dense_draft_fp8_for_gqa", "dense_draft_overrides_users_
                         "gqa_mla_counted_as_draft")
 
 EPILOGUE_MUTANTS = ("epilogue_rope_sin_negated", "epilogue_fp8_rope_via_bf16", "epilogue_cache_with_k_scale",
-                    "epilogue_skipped_slot_written", "epilogue_key_pe_unrotated")
+                    "epilogue_skipped_slot_written", "epilogue_key_pe_unrotated", "epilogue_decode_q_pe_unrotated",
+                    "epilogue_decode_cache_with_q_scale")
 
 # --- the hunt's families (oracles/hunt.py): state kept between calls, rows left unwritten, reads past
 # the rows a call may read, taps lost between PP stages

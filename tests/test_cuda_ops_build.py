@@ -97,6 +97,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(_C, ops) {
   ops.def("concat_and_cache_mla_grouped(Tensor a) -> ()");
   ops.def("fused_kimi_k3_mla_key_concat_kv_cache_insert(Tensor! q, Tensor k_nope) -> ()");
   ops.def("fused_kimi_k3_mla_qkv_quant_kv_cache_fp8_insert(Tensor q, Tensor! q_fp8) -> ()");
+  ops.def("fused_kimi_k3_mla_decode_q_concat_kv_cache_insert(Tensor ql_nope, Tensor! mqa_q) -> ()");
+  ops.def("fused_kimi_k3_mla_decode_q_concat_kv_cache_fp8_insert(Tensor ql_nope, Tensor! mqa_q) -> ()");
 }
 STABLE_TORCH_LIBRARY_FRAGMENT(_C_cache_ops, ops) {
   ops.def(

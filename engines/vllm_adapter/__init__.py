@@ -150,6 +150,10 @@ BOUND_BESIDES_CONTRACT = {
                              "without CUDA)"): ("cuda", "1", "mla_epilogue"),
     (mla_epilogue.KERNEL_CU, "fused_kimi_k3_mla_qkv_quant_kv_cache_fp8_insert (built by k3num build-ops; absent "
                              "without CUDA)"): ("cuda", "1", "mla_epilogue"),
+    (mla_epilogue.KERNEL_CU, "fused_kimi_k3_mla_decode_q_concat_kv_cache_insert (built by k3num build-ops; absent "
+                             "without CUDA)"): ("cuda", "1", "mla_epilogue"),
+    (mla_epilogue.KERNEL_CU, "fused_kimi_k3_mla_decode_q_concat_kv_cache_fp8_insert (built by k3num build-ops; "
+                             "absent without CUDA)"): ("cuda", "1", "mla_epilogue"),
 }
 
 

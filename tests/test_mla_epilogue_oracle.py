@@ -106,3 +106,17 @@ def test_fp8_e4m3_times_rounds_ties_to_even_clamps_and_multiplies_in_fp32() -> N
     assert torch.equal(quant.fp8_e4m3_times(x3, s), want.view(torch.uint8))
     with pytest.raises(ValueError, match="scale_inv"):
         quant.fp8_e4m3_times(x3, 0.0)
+
+
+@pytest.mark.parametrize("with_table", [False, True])
+def test_the_decode_epilogue_concats_the_latent_query_and_writes_the_prefill_entry(with_table: bool) -> None:
+    t, h, p, r, c = 4, 3, 128, 64, 512
+    ql, q_pe, kv_c, k_pe = _x(t, h, c, seed=8), _x(t, h, r, seed=9), _x(t, c, seed=10), _x(t, r, seed=11)
+    rows = rope.cos_sin_table(SPEC, 64)[torch.tensor([0, 7, 31, 63])] if with_table else None
+    mqa, entry = mla_epilogue.decode_epilogue(ql, q_pe, kv_c, k_pe, rows)
+    assert torch.equal(mqa[..., :c], ql)
+    assert torch.equal(mqa[..., c:], q_pe if rows is None else mla_epilogue.rotate_pairs(q_pe, rows))
+    _, _, prefill_entry = mla_epilogue.prefill_epilogue(_x(t, 1, p + r), _x(t, 1, p), k_pe, kv_c, rows)
+    assert torch.equal(entry, prefill_entry)
+    with pytest.raises(ValueError, match="shapes disagree"):
+        mla_epilogue.decode_epilogue(ql, q_pe[:, :2], kv_c, k_pe, rows)

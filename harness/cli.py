@@ -2,7 +2,7 @@
 
     k3num fetch [TARGET...]   the pinned engine wheels (and vLLM's csrc subset: target vllm-csrc),
                               hash-checked, with only the needed files extracted
-    k3num build-ops           vLLM's CUDA ops for the fused context-KV path, built from the pinned
+    k3num build-ops           vLLM's CUDA ops for the fused context-KV path and the MLA epilogue, built from the pinned
                               sdist's csrc against the local torch (a CUDA machine with nvcc)
     k3num replay BUNDLE       rerun a repro bundle (--repro-dir) and judge it: exit 0 pass, 1 fail
     k3num repro K3N-00X       write the repro bundle of a ledger entry's reproducer
@@ -336,8 +336,9 @@ def main(argv: list[str] | None = None) -> int:
                                    "failed, 2 an unknown target.")
     f.add_argument("targets", nargs="*", help=f"default: all ({', '.join(fetch_targets())})")
     f.set_defaults(func=cmd_fetch)
-    b = sub.add_parser("build-ops", help="build vLLM's rms_norm, rotary_embedding, concat_and_cache_mla_grouped and "
-                                         "concat_and_cache_mla CUDA ops from the pinned sdist (CUDA machine; cached)")
+    b = sub.add_parser("build-ops", help="build vLLM's rms_norm, rotary_embedding, concat_and_cache_mla_grouped, "
+                                         "concat_and_cache_mla and the fused MLA epilogue's prefill and decode "
+                                         "inserts from the pinned sdist (CUDA machine; cached)")
     b.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (MAX_JOBS; default: all cores)")
     b.add_argument("-v", "--verbose", action="store_true", help="show the compiler's commands")
     b.add_argument("--engine-src", action="append", default=[], metavar="vllm=PATH",

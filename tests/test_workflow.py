@@ -34,6 +34,19 @@ def test_the_example_database_and_the_history_persist_between_nights():
     assert "out/nightly/" in uploaded and "history/" in uploaded
 
 
+def test_the_vllm_cell_builds_the_compiled_ops_of_every_pinned_release():
+    """Without `k3num build-ops` the nightly's vLLM cell would skip every compiled-op property (the context-KV
+    ops, the MLA epilogues): one build for the default release, one per other pinned release from its tree."""
+    from k3num.supply import fetch
+
+    step = next(s for s in _job()["steps"] if "build-ops" in s.get("run", ""))
+    assert step["if"] == "matrix.engine == 'vllm'"
+    assert "k3num build-ops\n" in step["run"]
+    for pin in fetch.SDIST_RELEASES["vllm"]:
+        if pin is not fetch.SDISTS["vllm"]:
+            assert f"vllm-{pin.version}" in step["run"], pin.version
+
+
 def test_the_script_reads_every_variable_the_workflow_sets():
     script = (ROOT / "scripts/gpu_nightly.sh").read_text()
     for var in _job()["env"]:

@@ -658,7 +658,8 @@ if want ops; then
             python bench/context_kv_speed.py --reps "${K3NUM_BENCH_REPS:-20}" --csv "$out/context_kv_speed.csv" \
                 | tee "$out/context_kv_speed.md" || ops=1
         fi
-        ckv="properties/test_context_kv.py properties/test_context_kv_ops.py properties/test_ledger_reproducers.py"
+        ckv="properties/test_context_kv.py properties/test_context_kv_ops.py properties/test_mla_epilogue.py"
+        ckv="$ckv properties/test_ledger_reproducers.py"
         timeout -s INT "${K3NUM_OPS_SMALL_TIMEOUT:-150}" python -m pytest $ckv --engine "$spec" -p no:cacheprovider -q \
             -rfEsx --hypothesis-profile="${K3NUM_OPS_SMALL_PROFILE:-ci}" --drift-csv "$out/ops_small-$rel.csv" 2>&1 \
             | grep -E "^(FAILED|ERROR|XFAIL|XPASS)|passed|failed|source-gpu" | cut -c1-300 | tee "$out/ops_small-$rel.log"

@@ -86,6 +86,18 @@ def _nearest(engine, prop: str, what: str, out: torch.Tensor, v: torch.Tensor, s
                  seed=seed, reduction_len=2, detail=f"{what};{detail}"))
 
 
+def _written_rows(cache: torch.Tensor, before: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the rows the mapped slots hold now, which tokens were mapped), after asserting that nothing else in the
+    cache changed (skipped slots and every other byte keep their bits)."""
+    keep = slots >= 0
+    where = (slots[keep] // BLOCK, slots[keep] % BLOCK)
+    written = cache[where]
+    expected = before.clone()
+    expected[where] = written
+    assert_bitwise(cache, expected, "the cache outside the mapped slots (skipped slots and every other byte)")
+    return written, keep
+
+
 @given(seed=seeds, tokens=st.integers(1, 40), heads=st.integers(1, 8), rope=st.booleans(),
        max_pos=st.sampled_from([8, 4096, 32768]))
 def test_bf16_epilogue_copies_what_it_does_not_rotate_and_rotates_rounded_once_to_nearest(engine, seed, tokens,
@@ -149,12 +161,7 @@ def test_fp8_epilogue_quantizes_q_k_v_and_the_cache_each_with_its_own_scale(engi
     assert_bitwise(b(q8[..., :P]), quant.fp8_e4m3_times(q[..., :P], qs), "q8's first P dims (times 1/q_scale)")
     assert_bitwise(b(k8[..., :P]), quant.fp8_e4m3_times(k_nope, ks), "k8's k_nope part (times 1/k_scale)")
     assert_bitwise(b(k8[..., P:]), b(k8[:, :1, P:]).expand(tokens, heads, R).contiguous(), "every head's k8 rope part")
-    keep = slots >= 0
-    where = (slots[keep] // BLOCK, slots[keep] % BLOCK)
-    written = cache[where]
-    expected = cache_before.clone()
-    expected[where] = written
-    assert_bitwise(cache, expected, "the cache outside the mapped slots (skipped slots and every other byte)")
+    written, keep = _written_rows(cache, cache_before, slots)
     assert_bitwise(written[:, :C], quant.fp8_e4m3_times(kv_c[keep], cs), "the cache's kv_c part (times 1/cache_scale)")
     detail = f"fp8;rope={rope};T={tokens};H={heads};max_pos={max_pos}"
     if not rope:
@@ -225,12 +232,7 @@ def test_decode_epilogue_concats_the_latent_query_and_inserts_the_entry_rounded_
     qs, cs = (None, None) if not fp8 else (float(inv[0]), float(inv[1]))
     want_dtype = E4M3 if fp8 else LOW
     assert mqa.dtype == want_dtype and mqa.shape == (tokens, heads, C + R), f"mqa_q: {mqa.dtype} {list(mqa.shape)}"
-    keep = slots >= 0
-    where = (slots[keep] // BLOCK, slots[keep] % BLOCK)
-    written = cache[where]
-    expected = before.clone()
-    expected[where] = written
-    assert_bitwise(cache, expected, "the cache outside the mapped slots (skipped slots and every other byte)")
+    written, keep = _written_rows(cache, before, slots)
     if fp8:
         assert_bitwise(mqa[..., :C].view(torch.uint8), quant.fp8_e4m3_times(ql_nope, qs), "mqa_q's latent part")
         assert_bitwise(written[:, :C], quant.fp8_e4m3_times(kv_c[keep], cs), "the cache's kv_c part")

@@ -54,16 +54,20 @@ def write_slots(cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor, slo
     mirror_ckv.write_cache(cache[None], kv_c[None], k_pe.reshape(k_pe.shape[0], -1)[None], slots)
 
 
+def _write_rows(cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> None:
+    """rows [T, W] into cache [NB, BS, W] at slots [T] (< 0 skipped)."""
+    keep = slots >= 0
+    s = slots[keep].to(torch.int64)
+    cache[s // cache.shape[1], s % cache.shape[1]] = rows[keep]
+
+
 def write_fp8_unchecked(kv_c: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
                         kv_cache_dtype: str, scale: torch.Tensor) -> None:
     """sat-RNE(fl32(x / scale)) into the uint8 cache at the slots (< 0 skipped), the scale taken as it is."""
     fmt = {"fp8_e4m3": torch.float8_e4m3fn, "fp8": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[kv_cache_dtype]
     q = torch.cat([kv_c, k_pe], -1).float() / scale.float()
     big = torch.finfo(fmt).max
-    q = torch.where(torch.isnan(q), q, q.clamp(-big, big)).to(fmt).view(torch.uint8)
-    keep = slots >= 0
-    s = slots[keep].to(torch.int64)
-    cache[s // cache.shape[1], s % cache.shape[1]] = q[keep]
+    _write_rows(cache, torch.where(torch.isnan(q), q, q.clamp(-big, big)).to(fmt).view(torch.uint8), slots)
 
 
 def _check_scales(scales: torch.Tensor | None) -> None:
@@ -124,17 +128,14 @@ class ContextKVOps:
 
 
 def _rotate32(x: torch.Tensor, positions: torch.Tensor | None, table: torch.Tensor | None) -> torch.Tensor:
-    """x [T, *, R] as fp32, its pairs (2i, 2i+1) rotated by table rows [cos | sin] at positions [T] in fp32
-    (no table: x as fp32, unrotated)."""
+    """x [T, *, R] as fp32, its pairs (2i, 2i+1) rotated by table rows [cos | sin] at positions [T] in fp32, not
+    rounded back (the mirror's GPT-J rotary on fp32 values; no table: x as fp32, unrotated)."""
     xf = x.float()
     if table is None or positions is None:
         return xf
-    r = xf.shape[-1]
-    rows = table[positions].float()
-    view = (xf.shape[0],) + (1,) * (xf.dim() - 2) + (r // 2,)
-    c, s = rows[:, : r // 2].reshape(view), rows[:, r // 2:].reshape(view)
-    a, b = xf[..., 0::2], xf[..., 1::2]
-    return torch.stack([a * c - b * s, b * c + a * s], -1).flatten(-2)
+    rows_per_token = xf[0].numel() // xf.shape[-1]
+    flat = mirror_ckv.rotary(xf.reshape(-1, xf.shape[-1]), positions.repeat_interleave(rows_per_token), table, "gptj")
+    return flat.view(xf.shape)
 
 
 def _e4m3(x32: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
@@ -142,13 +143,6 @@ def _e4m3(x32: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
     fmt = torch.float8_e4m3fn
     big = torch.finfo(fmt).max
     return (x32 * scale_inv.float().reshape(())).clamp(-big, big).to(fmt)
-
-
-def _write_rows(cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> None:
-    """rows [T, W] into cache [NB, BS, W] at slots [T] (< 0 skipped)."""
-    keep = slots >= 0
-    s = slots[keep].to(torch.int64)
-    cache[s // cache.shape[1], s % cache.shape[1]] = rows[keep]
 
 
 class MlaEpilogue:

@@ -144,7 +144,9 @@ def half_spacing(v: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     round-to-nearest of v into out_dtype can err, subnormals included (their spacing is the smallest normal
     times eps). Sharper than u |v| by up to 2x inside a binade, and it does not vanish at zero; a second
     rounding through a wider format on the way can exceed it by that format's half spacing (the double rounding
-    an elementwise check of "rounded once, to nearest" must see)."""
+    an elementwise check of "rounded once, to nearest" must see). Half of metrics.ulp_of's spacing, but its binade
+    taken exactly (frexp): ulp_of's floor(log2 |v|) can round a value just below a power of two up a binade,
+    which would admit twice the error there."""
     fi = torch.finfo(out_dtype)
     mag = v.abs().double()
     _, exp = torch.frexp(mag)

@@ -169,8 +169,8 @@ def test_fp8_epilogue_quantizes_q_k_v_and_the_cache_each_with_its_own_scale(engi
         assert_bitwise(b(k8[:, 0, P:]), quant.fp8_e4m3_times(k_pe, ks), "k8's k_pe without a table")
         assert_bitwise(written[:, C:], quant.fp8_e4m3_times(k_pe[keep], cs), "the cache's k_pe without a table")
         return
-    _, k_ref, entry = mla_epilogue.prefill_epilogue(up(q), up(k_nope), up(k_pe), up(kv_c), _rows(table, positions))
-    q_ref, _, _ = mla_epilogue.prefill_epilogue(up(q), up(k_nope), up(k_pe), up(kv_c), _rows(table, positions))
+    q_ref, k_ref, entry = mla_epilogue.prefill_epilogue(up(q), up(k_nope), up(k_pe), up(kv_c),
+                                                        _rows(table, positions))
     big = torch.finfo(E4M3).max
     u32 = budgets.U32
     for what, got, rot, src, s in (("q_pe", q8[..., P:], q_ref[..., P:], up(q[..., P:]), qs),

@@ -1,8 +1,8 @@
-"""vLLM's fused MLA prefill epilogue (vllm/models/kimi_k3/nvidia/ops/fused_mla_key_concat_kv_cache.py over
-csrc/fused_kimi_k3_mla_key_concat_kv_cache_kernel.cu): what `MultiHeadLatentAttention` (nvidia/mla.py), the
-DSpark draft's own layers among its users, writes its prefill tokens' latent cache with. The release's two
-wrappers are lifted and called on the ops `k3num build-ops` built from the release's csrc; without those ops
-(no CUDA) the capability is absent and its properties skip saying why.
+"""vLLM's fused MLA epilogues (vllm/models/kimi_k3/nvidia/ops/fused_mla_key_concat_kv_cache.py over
+csrc/fused_kimi_k3_mla_key_concat_kv_cache_kernel.cu): what `MultiHeadLatentAttention` (nvidia/mla.py), the DSpark
+draft's own layers among its users, writes its prefill and decode tokens' latent cache with. The release's three
+wrappers (prefill bf16, prefill fp8, decode bf16/fp8) are lifted and called on the ops `k3num build-ops` built from
+the release's csrc; without those ops (no CUDA) the capability is absent and its properties skip saying why.
 
 Shapes: engines.standins.MlaEpilogue.
 """
@@ -31,7 +31,7 @@ SIGNATURES = {
 
 
 class RealMlaEpilogue:
-    """The release's two wrappers under engines.standins.MlaEpilogue's interface."""
+    """The release's three wrappers under engines.standins.MlaEpilogue's interface."""
 
     def __init__(self, bf16_insert: Any, fp8_insert: Any, decode_insert: Any) -> None:
         self._bf16, self._fp8, self._decode = bf16_insert, fp8_insert, decode_insert
@@ -50,7 +50,6 @@ class RealMlaEpilogue:
         fp8_cache = cache if cache.dtype == torch.float8_e4m3fn else cache.view(torch.float8_e4m3fn)
         return self._fp8(q, k_nope, k_pe, kv_c, v, fp8_cache, slots, q_scale_inv, k_scale_inv, v_scale_inv,
                          cache_scale_inv, positions, cos_sin_cache)
-
 
     def decode(self, ql_nope: torch.Tensor, q_pe: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor,
                cache: torch.Tensor, slots: torch.Tensor, q_scale_inv: torch.Tensor | None = None,

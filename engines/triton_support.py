@@ -155,3 +155,76 @@ def index_runtime_ranges(text: str, filename: str) -> tuple[ast.Module, int]:
         if isinstance(node, ast.FunctionDef) and _is_jit(node):
             wrap.visit(node)
     return ast.fix_missing_locations(tree), wrap.count
+
+
+# --- the inline-PTX add adaptation --------------------------------------------------------------
+
+ADD_RN_PTX = "add.rn.f32 $0, $1, $2;"
+ADD_RN_ADAPTATION = (
+    "interpreter adaptation: a @triton.jit function whose whole body is `tl.inline_asm_elementwise` of the PTX "
+    f"`{ADD_RN_PTX}` (one float32 add, rounded to nearest even) returns `a + b` instead: the interpreter cannot run "
+    "inline PTX, and its float32 add (numpy's) is that same IEEE add; on a GPU the PTX runs")
+
+
+def _is_add_rn(fn: ast.FunctionDef) -> bool:
+    """`fn` is exactly `return tl.inline_asm_elementwise("add.rn.f32 $0, $1, $2;", ...)` over two arguments."""
+    if not _is_jit(fn) or len(fn.args.args) != 2 or len(fn.body) != 1 or not isinstance(fn.body[0], ast.Return):
+        return False
+    call = fn.body[0].value
+    return (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+            and call.func.attr == "inline_asm_elementwise" and bool(call.args)
+            and isinstance(call.args[0], ast.Constant) and call.args[0].value == ADD_RN_PTX)
+
+
+def replace_add_rn(text: str, filename: str, name: str) -> ast.Module:
+    """The module's AST with the jit function `name` (an inline-PTX rounded add, checked) returning `a + b`
+    (ADD_RN_ADAPTATION). engines.source.SourceError when `name` is missing or is anything else: a kernel whose
+    helper changed is never adapted silently."""
+    tree = ast.parse(text, filename=filename)
+    hits = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    if len(hits) != 1 or not _is_add_rn(hits[0]):
+        from k3num.engines.source import SourceError
+
+        raise SourceError(f"{filename}: {name} is not the one-line inline-PTX `{ADD_RN_PTX}` helper the interpreter "
+                         "adaptation replaces")
+    fn = hits[0]
+    a, b = (arg.arg for arg in fn.args.args)
+    fn.body = [ast.Return(value=ast.BinOp(left=ast.Name(id=a, ctx=ast.Load()), op=ast.Add(),
+                                          right=ast.Name(id=b, ctx=ast.Load())))]
+    return ast.fix_missing_locations(tree)
+
+
+# --- the bf16 dot adaptation ----------------------------------------------------------------------
+
+BF16_DOT_ADAPTATION = (
+    "interpreter adaptation: tl.dot of bfloat16 operands multiplies their values (widened exactly to float32), "
+    "not the uint16 bit patterns the interpreter stores them as (triton 3.6's interpreter returns garbage there, "
+    "about 1e10 for unit inputs); the float32 accumulation is numpy's, a summation order like any tiling's")
+
+
+def _bf16_values(data: Any) -> Any:
+    """bfloat16 bit patterns (uint16) -> their float32 values, exactly."""
+    import numpy as np
+
+    return (data.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def dot_bf16_by_value() -> None:
+    """Patch the interpreter (idempotent): its tl.dot reads bfloat16 operands by value (BF16_DOT_ADAPTATION)."""
+    from triton.runtime import interpreter as interp
+
+    tl = triton_modules("triton")[1]
+    builder = interp.InterpreterBuilder
+    if getattr(builder, "_k3num_bf16_dot", False):
+        return
+    create_dot = builder.create_dot
+
+    def patched_dot(self: Any, a: Any, b: Any, d: Any, input_precision: Any, max_num_imprecise_acc: Any) -> Any:
+        if a.dtype.scalar == tl.bfloat16 and b.dtype.scalar == tl.bfloat16:
+            a = interp.TensorHandle(_bf16_values(a.data), tl.float32)
+            b = interp.TensorHandle(_bf16_values(b.data), tl.float32)
+        return create_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    builder._k3num_original_dot = create_dot
+    builder.create_dot = patched_dot
+    builder._k3num_bf16_dot = True

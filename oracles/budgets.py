@@ -208,3 +208,22 @@ def logit_budget(noise_floor_err: float, logit_max: float, dtype: torch.dtype = 
     near 40 is only known to 0.125). A top-two gap below delta is a near-tie: any rounding may break it."""
     value = baseline_budget(noise_floor_err, logit_max, dtype)
     return Budget(value, f"{BASELINE_FACTOR:g}*err(noise floor logits)+u({_name(dtype)})*max|logit|", noise_floor_err)
+
+
+def dot_rounded_interval(exact: torch.Tensor, magnitude: torch.Tensor, n: int,
+                         out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lo, hi) in out_dtype around a length-n float32 dot of exactly representable products (bf16 x bf16),
+    summed in any order and rounded once to out_dtype: every such result lies in [lo, hi] elementwise.
+
+    exact, magnitude [...] float64: the exact dot and the sum of its products' magnitudes. Any order of n - 1
+    float32 adds, each rounded to nearest or toward zero (a tensor core's accumulator may truncate), errs by at
+    most gamma_{n-1}(2 u32) * magnitude (Higham, Lemma 3.1 with a full ulp per add); the float32 result then lies
+    in [f32 at or below exact - e, f32 at or above exact + e], and rounding to out_dtype is monotone, so its
+    images of those two float32 ends bound every admissible result. A sum rounded to out_dtype twice, or not
+    rounded to out_dtype at all where the caller rounds it, is not bounded by this."""
+    e = gamma(max(n - 1, 1), unit_roundoff(torch.float32, "toward_zero")) * magnitude
+    lo64, hi64 = exact - e, exact + e
+    lo, hi = lo64.float(), hi64.float()
+    lo = torch.where(lo.double() > lo64, torch.nextafter(lo, torch.full_like(lo, -math.inf)), lo)
+    hi = torch.where(hi.double() < hi64, torch.nextafter(hi, torch.full_like(hi, math.inf)), hi)
+    return lo.to(out_dtype), hi.to(out_dtype)

@@ -174,6 +174,9 @@ class Capabilities(Mapping[str, Any]):
     draft_config: Any = _cap("contract", "1", "a draft's own cache configuration on K3: the dense MLA draft's "
                                               "backend and fp8 cache by default, a GQA draft's page fitting and "
                                               "grouping (engines/mirror/draft_config.py)")
+    markov_steps: Any = _cap("contract", "3", "the DSpark drafter's sequential Markov draft steps after path 3's "
+                                              "context: fused, its own loop and its sampler "
+                                              "(engines/mirror/markov.py)")
     mla_epilogue: Any = _cap("contract", "1", "the MLA layer's fused prefill epilogue: RoPE, key concat, latent cache "
                                               "insert, bf16 and fp8 (engines.standins.MlaEpilogue)")
     tap_owner: Callable[..., Any] | None = _cap("contract", "2", "which PP stage captures each aux tap")

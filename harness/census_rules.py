@@ -75,9 +75,6 @@ OFF_PATH_FILES: tuple[FileRule, ...] = (
     FileRule("vllm", "vllm/models/kimi_k3/nvidia/ops/recoverssm.py", "KDA state recovery on rejection"),
     FileRule("vllm", "vllm/models/kimi_k3/nvidia/recoverssm/*", "KDA state recovery on rejection"),
     # the specialized decode's DSpark drafter (0.34.0), before the fused target decode's rule below
-    FileRule("vllm", "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/markov.py",
-             "UNBOUND, after path 3 (0.34.0): the k Markov draft steps fused into Triton launches; the draft "
-             "step has no Markov bias to judge them against yet"),
     FileRule("vllm", "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/linears.py",
              "UNBOUND, on paths 1 and 3 (0.34.0): every BF16 drafter linear (kv_a_proj_with_mqa and context_proj "
              "among them) on the CuTe-DSL warp split-K GEMM (cutedsl/gemm: SM100), cuBLAS otherwise; the "
@@ -149,6 +146,12 @@ SUPPORT_FILES: dict[str, dict[str, str]] = {
         "vllm/model_executor/layers/quantization/compressed_tensors/schemes/compressed_tensors_w4a4_nvfp4.py":
             "the NVFP4 scheme: its weight creation and post-processing are bound",
         "vllm/model_executor/layers/quantization/modelopt.py": "ModelOpt quantization: its NVFP4 scheme is bound",
+        "vllm/v1/worker/gpu/sample/gumbel.py": "the GPU sampler's Gumbel-max: the draw the fused Markov steps must "
+                                               "reproduce (gumbel_sample and the hash it keys) is bound",
+        "vllm/v1/worker/gpu/spec_decode/draft_logits.py": "the draft logits cache: the row its kernels write "
+                                                          "(draft_logits_row) is bound",
+        "vllm/v1/worker/gpu/spec_decode/dspark/speculator.py": "the DSpark speculator: the Markov loop the fused "
+                                                               "steps replace is bound",
     },
     "tokenspeed": {
         "tokenspeed/version.py": "the release's name",
@@ -191,6 +194,7 @@ _ATTN_SITES = ("on path 2: the decoder layer's AttnRes call sites, where the lay
 _DRAFT_QUERY = "the draft's query side (its decoder layers attend over the cache the context path wrote)"
 
 _V_DRAFTER = "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/model.py"  # 0.34.0's specialized drafter
+_V_MARKOV = "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/markov.py"  # its fused Markov steps
 RULES: tuple[Rule, ...] = (
     # nvidia/ops/fused_mla_key_concat_kv_cache.py: the prefill epilogue's bf16 and fp8 inserts and the decode
     # epilogue (its bf16 and fp8 ops; the fp8_ds_mla one declared below) are bound
@@ -209,7 +213,21 @@ RULES: tuple[Rule, ...] = (
          "the draft's layers over the drafter's fused collectives (embedding all-reduce, all-reduce + RMSNorm): "
          "after path 3, the token properties run the harness's own draft step"),
     Rule("vllm", _V_DRAFTER, r"SpecializedK3DSparkForCausalLM\.(compute_draft_logits|sample_sequential)", "off-path",
-         "the draft's logits and its fused Markov sampling (markov.py, declared UNBOUND after path 3)"),
+         "the draft's logits (after path 3) and the hand-over to the fused Markov steps (markov.py, bound: "
+         "markov_steps)"),
+    # specialized_decode/drafter/markov.py (0.34.0): FusedMarkov and its kernels are bound (markov_steps:
+    # engines/vllm_adapter/markov.py)
+    Rule("vllm", _V_MARKOV, r"sample_sequential|why_not", "unbound",
+         "after path 3: the entry the drafter model calls, which takes the fused launches when why_not's conditions "
+         "hold (sampled drafts, no watermarker, a full vocabulary, no confidence head or acceptance estimator, "
+         "unscaled logits, bf16 contiguous weights of a power-of-two rank <= 512), forks the noise where "
+         "noise_rows says and runs FusedMarkov; the adapter drives FusedMarkov the same way inside those conditions "
+         "(binding the entry itself needs the drafter model and its logits processor)"),
+    Rule("vllm", _V_MARKOV, r"_loop_rest", "unbound",
+         "after path 3: vLLM's loop from already computed base logits, the fallback when the base logits' dtype or "
+         "layout refuses the fused launches; the loop judged is the speculator's own (_sample_markov_chain, bound)"),
+    Rule("vllm", _V_MARKOV, r"_fused", "off-path",
+         "the per-speculator cache of FusedMarkov scratch (keyed by device, vocabulary, rank and key width)"),
     Rule("vllm", _V_DRAFTER, r"install_draft_fold|_folded_impl|_build_dcp", "off-path",
          "the draft block's folded MLA decode and its DCP attention (attention.py): after path 1's cache write"),
     Rule("vllm", _V_DRAFTER, r"SpecializedK3DSparkForCausalLM\.(__init__|process_weights_after_loading)|"

@@ -126,13 +126,18 @@ _VLLM_033 = Pin(
 # the specialized decode's DSpark drafter, whose context projection is column-parallel at TP > 1
 # (engines/vllm_adapter/context_proj.py)
 DRAFTER_MODEL_PY = "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/model.py"
+MARKOV_PY = "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/markov.py"
 _VLLM_034 = Pin(
     "vllm", "vllm", "0.34.0", "79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2",
     (*_VLLM_033.files, DRAFTER_MODEL_PY,
      # a dense MLA draft's cache configuration and a GQA draft's cache grouping on K3 (engines/vllm_adapter/
      # draft_config.py)
-     "vllm/models/kimi_k3/nvidia/dense_draft.py", "vllm/models/kimi_k3/nvidia/gqa_draft.py"),
-    manifest_sha256="5ab6d097262d44e15f3d7b043433f1a9a7df39a1fb6151a14ffb6436a192edc4", builds=_VLLM_033.builds,
+     "vllm/models/kimi_k3/nvidia/dense_draft.py", "vllm/models/kimi_k3/nvidia/gqa_draft.py",
+     # the DSpark drafter's fused Markov steps, the sampler kernels they call, and vLLM's own loop they replace
+     # (engines/vllm_adapter/markov.py)
+     MARKOV_PY, "vllm/v1/worker/gpu/sample/gumbel.py", "vllm/v1/worker/gpu/spec_decode/draft_logits.py",
+     "vllm/v1/worker/gpu/spec_decode/dspark/speculator.py"),
+    manifest_sha256="5bd47a773bd86e8bc3ba8886e9c6fc71c62c20818a5e03e0972f272ae19ed122", builds=_VLLM_033.builds,
 )
 
 # each engine's default release: its newest pinned one (the issue on releases: a harness a release behind is one

@@ -20,6 +20,7 @@ import torch
 from k3num.engines import base, mirror, registry, standins
 from k3num.engines.mirror import attn_res as m_attn
 from k3num.engines.mirror import context_kv as m_ckv
+from k3num.engines.mirror import markov as m_markov
 from k3num.engines.mirror import projection as m_proj
 from k3num.engines.mirror import transfer as m_transfer
 from k3num.refmodel import attn_res as ref_attn
@@ -502,6 +503,57 @@ EPILOGUE_MUTANTS = ("epilogue_rope_sin_negated", "epilogue_fp8_rope_via_bf16", "
                     "epilogue_skipped_slot_written", "epilogue_key_pe_unrotated", "epilogue_decode_q_pe_unrotated",
                     "epilogue_decode_cache_with_q_scale")
 
+class _BrokenMarkov(m_markov.MarkovSteps):
+    """The mirror's fused Markov steps with one planted bug (`bug`); its loop and its sampler stay correct, as an
+    engine's are separate code. The same kinds of bug are planted in vLLM's Triton kernels
+    (scripts/markov_plants.py), which the interpreter runs on the CPU (tests/test_markov_plants.py)."""
+
+    def __init__(self, bug: str) -> None:
+        self.bug = bug
+
+    def fused(self, batch):  # noqa: C901  (one branch per bug)
+        b, bug = batch, self.bug
+        anchor = b.input_ids[b.anchor_idx].to(torch.int64)
+        prev = anchor
+        for step in range(b.steps):
+            if bug == "markov_prev_is_anchor":  # every step biased by the anchor, not the previous step's token
+                prev = anchor
+            if bug == "markov_bias_unrounded":  # the dot added to the base logits before any rounding
+                logits = (b.base[:, step].float() + b.w1[prev].float() @ b.w2.float().T).to(b.base.dtype)
+            else:
+                logits = m_markov.step_logits(b.base[:, step], m_markov.bias(b.w1, b.w2, prev, b.base.dtype))
+            cached = logits
+            if bug == "markov_cache_after_temperature":  # the cache holds the logits divided by the temperature
+                slot = b.idx_map[:, step].to(torch.int64).clamp(min=0)
+                t = b.temperature[slot].float()[:, None]
+                cached = torch.where(t != 0, logits.float() / torch.where(t != 0, t, torch.ones_like(t)),
+                                     logits.float()).to(logits.dtype)
+            self.write_cache(b, step, cached)
+            if bug == "markov_padded_row_written":  # a padded row (slot -1) written into the cache's last row
+                pad = b.idx_map[:, step] < 0
+                if bool(pad.any()):
+                    b.cache[-1, step, : logits.shape[-1]] = logits[pad][0]
+            if bug == "markov_vocab_tail_written":  # the cache row's entries past V written too
+                b.cache[:, step, logits.shape[-1]:] = 0
+            if bug == "markov_noise_without_step":  # every step draws step 0's noise
+                tok = self.sample(logits, b, 0)
+            elif bug == "markov_last_max_kept":  # of equal keys the last wins
+                slot = b.idx_map[:, step].to(torch.int64)
+                s = slot.clamp(min=0)
+                keys = m_markov.gumbel_keys(logits, torch.where(slot >= 0, b.temperature[s], 0 * b.temperature[s]),
+                                            torch.where(slot >= 0, b.seeds[s], 0 * b.seeds[s]), step,
+                                            b.sample_pos[:, step] - 1 + m_markov.SALT, b.use_fp64)
+                tok = keys.shape[-1] - 1 - m_markov.first_argmax(keys.flip(-1))
+            else:
+                tok = self.sample(logits, b, step)
+            b.tokens[: b.rows, step] = tok
+            prev = tok
+
+
+MARKOV_MUTANTS = ("markov_prev_is_anchor", "markov_bias_unrounded", "markov_cache_after_temperature",
+                  "markov_padded_row_written", "markov_vocab_tail_written", "markov_noise_without_step",
+                  "markov_last_max_kept")
+
 # --- the hunt's families (oracles/hunt.py): state kept between calls, rows left unwritten, reads past
 # the rows a call may read, taps lost between PP stages
 
@@ -706,8 +758,8 @@ EXTRA_MUTANTS: dict[str, tuple[dict[str, base.Subject], dict[str, object]]] = {
 
 
 ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS, *TRANSFER_MUTANTS, *KV_TRANSFER_MUTANTS, *MATERIALIZE_MUTANTS,
-              *OWNER_MUTANTS, *OPS_MUTANTS, *EPILOGUE_MUTANTS, *DRAFT_CONFIG_MUTANTS, *PP_MUTANTS, *FP8_MUTANTS,
-              *EXTRA_MUTANTS, *TOKENSPEED_PP_MUTANTS])
+              *OWNER_MUTANTS, *OPS_MUTANTS, *EPILOGUE_MUTANTS, *DRAFT_CONFIG_MUTANTS, *MARKOV_MUTANTS, *PP_MUTANTS,
+              *FP8_MUTANTS, *EXTRA_MUTANTS, *TOKENSPEED_PP_MUTANTS])
 
 
 # --- drifting subjects: NOT bugs the properties must catch. Each adds one extra rounding where the
@@ -771,6 +823,8 @@ def build(name: str) -> base.Engine:
         extras["mla_epilogue"] = _BrokenEpilogue(name)
     if name in DRAFT_CONFIG_MUTANTS:
         extras["draft_config"] = _draft_config_mutant(name)
+    if name in MARKOV_MUTANTS:
+        extras["markov_steps"] = _BrokenMarkov(name)
     if name in PP_MUTANTS:
         extras["pp_taps"] = _pp_mutant(name)
     if name in FP8_MUTANTS[:2]:

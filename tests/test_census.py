@@ -106,13 +106,15 @@ def test_a_new_k3_file_is_unlisted_and_a_declared_one_says_why() -> None:
 def test_the_drafters_path_files_are_not_declared_as_the_fused_target_decode() -> None:
     """0.34.0's specialized DSpark drafter lives under specialized_decode/ like the fused target decode, but its
     model.py holds path 3's column-parallel context projection (pinned on 0.34.0 and bound: context_proj_tp),
-    linears.py the drafter's GEMMs and markov.py the fused Markov steps: the first matching file rule must say
-    UNBOUND for those, never the target decode's "off-path" reason."""
+    linears.py the drafter's GEMMs and markov.py the fused Markov steps (pinned on 0.34.0 and bound:
+    markov_steps): an unpinned one's first matching file rule must say UNBOUND, never the target decode's
+    "off-path" reason, and the pinned ones are censused by function."""
     drafter = "vllm/models/kimi_k3/nvidia/specialized_decode/drafter/"
-    for name, where in (("linears.py", "on paths 1 and 3"), ("markov.py", "after path 3")):
-        status, why = census.file_status("vllm", drafter + name, ())
-        assert status == "declared" and why.startswith(f"UNBOUND, {where}"), (name, why)
-    assert census.file_status("vllm", drafter + "model.py", fetch.source_of("vllm@0.34.0", {}).pin.files)[0] == "pinned"
+    status, why = census.file_status("vllm", drafter + "linears.py", ())
+    assert status == "declared" and why.startswith("UNBOUND, on paths 1 and 3"), why
+    pinned = fetch.source_of("vllm@0.34.0", {}).pin.files
+    for name in ("model.py", "markov.py"):
+        assert census.file_status("vllm", drafter + name, pinned)[0] == "pinned", name
     _, why = census.file_status("vllm", "vllm/models/kimi_k3/nvidia/specialized_decode/cutedsl/moe/tail.py", ())
     assert "fused target decode" in why
 

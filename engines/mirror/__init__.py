@@ -39,7 +39,7 @@ def build() -> base.Engine:
                                "block_fp8_loading": weights.load_block_fp8, "nvfp4_loading": weights.load_nvfp4,
                                "nvfp4_modelopt_loading": weights.load_nvfp4_modelopt,
                                "context_kv_ops": _context_kv_ops(), "mla_epilogue": _mla_epilogue(),
-                               "draft_config": _draft_config(),
+                               "draft_config": _draft_config(), "markov_steps": _markov_steps(),
                                "draft_kv_materialize": projection.draft_context_kv,
                                "segmented_rmsnorm": projection.segmented_rms_norm,
                                "project_unsharded_fc_norm": projection.project_unsharded_fc_norm,
@@ -59,6 +59,12 @@ def _draft_config() -> types.SimpleNamespace:
     return types.SimpleNamespace(configure_dense_draft=dc.configure_dense_draft, fit_draft_page=dc.fit_draft_page,
                                  kv_cache_groups=dc.kv_cache_groups, Backend=dc.Backend, Spec=dc.Spec,
                                  MLASpec=dc.MLASpec, StateSpec=dc.StateSpec, Planner=dc.Planner)
+
+
+def _markov_steps():
+    from k3num.engines.mirror.markov import MarkovSteps
+
+    return MarkovSteps()
 
 
 def _mla_epilogue():

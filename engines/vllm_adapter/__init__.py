@@ -51,7 +51,7 @@ from k3num.engines.triton_support import (
     require_interpreter,
     round_bf16_to_nearest_even,
 )
-from k3num.engines.vllm_adapter import context_proj, draft_config, mla_epilogue, pp_forward, quant_loading
+from k3num.engines.vllm_adapter import context_proj, draft_config, markov, mla_epilogue, pp_forward, quant_loading
 from k3num.engines.vllm_adapter.attn_res import _load_amd_attn_res, _load_attn_res
 from k3num.engines.vllm_adapter.aux_capture import _bind_capture, _bind_rocm_capture
 from k3num.engines.vllm_adapter.common import (
@@ -121,6 +121,7 @@ CONTRACT: dict[str, dict[str, dict[str, list[str] | None]]] = {
                         context_proj.EXECUTOR_UTILS_PY: {"set_weight_attrs": None}},
     "mla_epilogue": {mla_epilogue.MLA_EPILOGUE_PY: dict(mla_epilogue.SIGNATURES)},
     "draft_config": {path: dict(names) for path, names in draft_config.SIGNATURES.items()},
+    "markov_steps": {path: dict(names) for path, names in markov.SIGNATURES.items()},
     "pp_taps": {MODEL_PY: {"KimiLinearModel.forward": None, "KimiLinearModel._set_aux_hidden_state_layers": None},
                 pp_forward.INTERFACES_PY: {f"EagleModelMixin.{m}": None for m in pp_forward.MIXIN_METHODS},
                 pp_forward.EAGLE3_UTILS_PY: {"aux_hidden_state_relay_keys": None},
@@ -146,6 +147,7 @@ BOUND_BESIDES_CONTRACT = {
         ("cuda", "1", "context_kv_ops"),
     ("csrc/cache_kernels.cu", "concat_and_cache_mla (the per-layer insert do_kv_cache_update calls; built by k3num "
                               "build-ops; a stand-in without CUDA)"): ("cuda", "1", "context_kv_ops"),
+    (markov.DRAFT_LOGITS_PY, "draft_logits_row"): ("triton", "3", "markov_steps"),
     (mla_epilogue.KERNEL_CU, "fused_kimi_k3_mla_key_concat_kv_cache_insert (built by k3num build-ops; absent "
                              "without CUDA)"): ("cuda", "1", "mla_epilogue"),
     (mla_epilogue.KERNEL_CU, "fused_kimi_k3_mla_qkv_quant_kv_cache_fp8_insert (built by k3num build-ops; absent "
@@ -257,6 +259,10 @@ def build(src: fetch.Source, mode: str) -> base.Engine:
         _bind("draft_config", root, lambda: draft_config.bind(root), bound, missing)
     else:
         missing["draft_config"] = draft_config.ABSENT
+    if (root / markov.MARKOV_PY).is_file():
+        _bind("markov_steps", root, lambda: markov.bind(root, interpret), bound, missing)
+    else:
+        missing["markov_steps"] = markov.ABSENT
     if ops is not None:  # the epilogue's wrappers call compiled ops that exist only where they were built
         _bind("mla_epilogue", root, lambda: mla_epilogue.bind(root), bound, missing)
     else:
@@ -272,7 +278,7 @@ def build(src: fetch.Source, mode: str) -> base.Engine:
     files = {base.ATTN_RES: ATTN_RES_PY, base.AUX_CAPTURE: MODEL_PY, base.CONTEXT_KV_FUSED: DSPARK_PY}
     extras: dict[str, Any] = {k: bound[k] for k in ("weight_loading", "pp_taps", "block_fp8_loading", "nvfp4_loading",
                                                     "nvfp4_modelopt_loading", "context_proj_tp", "mla_epilogue",
-                                                    "draft_config")
+                                                    "draft_config", "markov_steps")
                                  if k in bound}
     if ops is not None and base.CONTEXT_KV_FUSED in bound:
         extras["context_kv_ops"] = _RealContextKVOps(ops)
@@ -282,6 +288,8 @@ def build(src: fetch.Source, mode: str) -> base.Engine:
         name="vllm", version=src.version, mode=run_mode, subjects=subjects, real_ops=real_ops,
         source_sha256={s: m.get(f, "") for s, f in files.items() if s in subjects}, missing={**MISSING, **missing},
         extras=extras, mode_note="; ".join(filter(None, [note, NEAREST_EVEN_ADAPTATION if interpret else "",
+                                                         *(markov.ADAPTATIONS if interpret and "markov_steps" in bound
+                                                           else ()),
                                                          cuda_ops.native_attn_res_note()])),
     )
 

@@ -10,7 +10,13 @@
 # Usage: scripts/device_session.sh OUT [PARTS]
 #   PARTS: comma-separated, any of ops,bench,race,k3,small,hunt,sanitize,golden,k3det,scale,stores,isolation,csrc,check,
 #   checkops,ts,oracle,profile,derand,nightly,known,ranks,tokens,ledger,release,race7,contract,around,tpgemm,stream,
-#   epilogue
+#   epilogue,markov
+#   `markov` runs properties/test_markov.py on vLLM 0.34.0's fused Markov steps as compiled (the inline-PTX add, the
+#   tensor-core dot): the small cases (K3NUM_MARKOV_PROFILE, default nightly-1k) and the K3-size test
+#   (K3NUM_MARKOV_K3_PROFILE, default ci), then for each bug of scripts/markov_plants.py (K3NUM_MARKOV_PLANTS, default
+#   all; K3NUM_MARKOV_PLANTS=none: no plant, not even the control) and its comment-only control the small cases
+#   under ci (a plant stops at its first failing property): every plant must fail, the control pass
+#   (K3NUM_MARKOV_PINNED=0 skips the pinned runs). OUT/markov.md is the table.
 #   `epilogue` builds vLLM's ops (the default release's csrc, with the fused MLA prefill epilogue) and runs
 #   properties/test_mla_epilogue.py on them (K3NUM_EPILOGUE_PROFILE, default nightly-1k), then for each bug of
 #   scripts/mla_epilogue_plants.py (and its comment-only control) builds the planted checkout's ops and runs the
@@ -121,8 +127,8 @@ out=${1:?usage: scripts/device_session.sh OUT [PARTS]}
 parts=",${2:-bench,race,k3,small},"
 want() { [[ "$parts" == *",$1,"* ]]; }
 for p in ${parts//,/ }; do
-    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts|oracle|profile|derand|nightly|known|ranks|tokens|ledger|release|race7|contract|around|tpgemm|stream|epilogue) ;;
-        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts, oracle, profile, derand, nightly, known, ranks, tokens, ledger, release, race7, contract, around, tpgemm, stream, epilogue)"
+    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts|oracle|profile|derand|nightly|known|ranks|tokens|ledger|release|race7|contract|around|tpgemm|stream|epilogue|markov) ;;
+        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts, oracle, profile, derand, nightly, known, ranks, tokens, ledger, release, race7, contract, around, tpgemm, stream, epilogue, markov)"
            exit 2;; esac
 done
 mkdir -p "$out"
@@ -142,7 +148,7 @@ small_engines=${K3NUM_SMALL_ENGINES:-vllm vllm-rocm sglang tokenspeed}
 for e in vllm-0.34.0 vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
-epilogue=0 stream=0 tpgemm=0 around=0 contract=0 race7=0 release=0 ledger=0 tokens=0 ranks=0 known=0 bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0 nightly=0
+markov=0 epilogue=0 stream=0 tpgemm=0 around=0 contract=0 race7=0 release=0 ledger=0 tokens=0 ranks=0 known=0 bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0 nightly=0
 if want tokens; then
     echo "== the draft step at K3 geometry, the token properties and k3num impact on cuda"
     timeout -s INT "${K3NUM_TOKENS_BENCH_TIMEOUT:-200}" python bench/draft_step_speed.py --geometry k3 \
@@ -230,6 +236,37 @@ if want epilogue; then
         ep_run "$name" "$want" ci --engine-src "vllm=$tree"
     done
     cat "$out/epilogue.md"
+fi
+if want markov; then
+    echo "== vLLM 0.34.0's fused Markov steps on cuda: pinned (small cases, K3 sizes), each planted bug, the control"
+    mk_run() {  # label, want, profile, -k expression, [--engine-src ...]: run, append a table row
+        local label=$1 want=$2 profile=$3 sel=$4; shift 4; local t0=$SECONDS
+        [ "$want" = fail ] && set -- "$@" --maxfail=1  # a plant needs one failing property, not all of them
+        timeout -s INT "${K3NUM_MARKOV_TIMEOUT:-240}" python -m pytest properties/test_markov.py --engine vllm "$@" \
+            --device cuda -p no:cacheprovider -q -rfEsx --hypothesis-profile="$profile" -k "$sel" \
+            --drift-csv "$out/markov-$label.csv" > "$out/markov-$label.log" 2>&1
+        local rc=$?
+        echo "| $label | $rc | $want | $profile | $sel | $((SECONDS - t0)) |" >> "$out/markov.md"
+        grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed|source-gpu|^E  " "$out/markov-$label.log" | cut -c1-300 | head -n 12
+        if { [ "$want" = pass ] && [ "$rc" -ne 0 ]; } || { [ "$want" = fail ] && [ "$rc" -ne 1 ]; }; then
+            markov=1
+        fi
+    }
+    printf '| tree | pytest exit | want | profile | tests | s |\n| --- | --- | --- | --- | --- | --- |\n' > "$out/markov.md"
+    if [ "${K3NUM_MARKOV_PINNED:-1}" = 1 ]; then  # 0: the plants alone
+        mk_run pinned pass "${K3NUM_MARKOV_PROFILE:-nightly-1k}" "not test_k3_"
+        mk_run pinned-k3 pass "${K3NUM_MARKOV_K3_PROFILE:-ci}" "test_k3_"
+    fi
+    trees=/tmp/k3num-markov; rm -rf "$trees"; mkdir -p "$trees"
+    if [ "${K3NUM_MARKOV_PLANTS:-}" != none ]; then
+        python scripts/markov_plants.py "$trees" ${K3NUM_MARKOV_PLANTS:-} > /dev/null || markov=1
+    fi
+    for tree in "$trees"/*; do
+        [ -d "$tree" ] || continue
+        name=$(basename "$tree"); want=fail; [ "$name" = control ] && want=pass
+        mk_run "$name" "$want" ci "not test_k3_" --engine-src "vllm=$tree"
+    done
+    cat "$out/markov.md"
 fi
 if want tpgemm; then
     echo "== vLLM 0.34.0's column-parallel context projection on this GPU's GEMM, and its quantized loaders"
@@ -702,4 +739,4 @@ if [ -n "$small_pid" ]; then wait "$small_pid"; small=$?; cat "$out/small.log"; 
 dirs=(); for d in k3 small; do [ -d "$out/$d" ] && dirs+=("$d"); done
 [ ${#dirs[@]} -gt 0 ] && tar czf "$out/properties.tgz" -C "$out" "${dirs[@]}"
 echo "device_session: stream exit $stream, tpgemm exit $tpgemm, around exit $around, contract exit $contract, race7 exit $race7, release exit $release, ledger exit $ledger, tokens exit $tokens, ranks exit $ranks, known exit $known, nightly exit $nightly, oracle exit $oracle, profile exit $profile, derand exit $derand, ts exit $ts, checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
-[ "$epilogue" -eq 0 ] && [ "$stream" -eq 0 ] && [ "$tpgemm" -eq 0 ] && [ "$around" -eq 0 ] && [ "$contract" -eq 0 ] && [ "$race7" -eq 0 ] && [ "$release" -eq 0 ] && [ "$ledger" -eq 0 ] && [ "$tokens" -eq 0 ] && [ "$ranks" -eq 0 ] && [ "$known" -eq 0 ] && [ "$nightly" -eq 0 ] && [ "$oracle" -eq 0 ] && [ "$profile" -eq 0 ] && [ "$derand" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]
+[ "$markov" -eq 0 ] && [ "$epilogue" -eq 0 ] && [ "$stream" -eq 0 ] && [ "$tpgemm" -eq 0 ] && [ "$around" -eq 0 ] && [ "$contract" -eq 0 ] && [ "$race7" -eq 0 ] && [ "$release" -eq 0 ] && [ "$ledger" -eq 0 ] && [ "$tokens" -eq 0 ] && [ "$ranks" -eq 0 ] && [ "$known" -eq 0 ] && [ "$nightly" -eq 0 ] && [ "$oracle" -eq 0 ] && [ "$profile" -eq 0 ] && [ "$derand" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]

@@ -128,23 +128,21 @@ class MarkovSteps:
         pos = batch.sample_pos[:, step] - 1 + SALT
         return first_argmax(gumbel_keys(logits, temp, seed, step, pos, batch.use_fp64))
 
-    @classmethod
-    def fused(cls, batch: MarkovBatch) -> None:
+    @staticmethod
+    def fused(batch: MarkovBatch) -> None:
         prev = batch.input_ids[batch.anchor_idx].to(torch.int64)
-        v = batch.base.shape[-1]
         for step in range(batch.steps):
             logits = step_logits(batch.base[:, step], bias(batch.w1, batch.w2, prev, batch.base.dtype))
-            cls.write_cache(batch, step, logits)
-            tok = cls.sample(logits, batch, step)
+            MarkovSteps.write_cache(batch, step, logits)
+            tok = MarkovSteps.sample(logits, batch, step)
             batch.tokens[: batch.rows, step] = tok
             prev = tok
-        assert v <= batch.cache.shape[-1]
 
-    @classmethod
-    def loop(cls, batch: MarkovBatch, fuse_bias: bool = False) -> None:
+    @staticmethod
+    def loop(batch: MarkovBatch, fuse_bias: bool = False) -> None:
         """The step-by-step loop (`fuse_bias`: the bias added by the sampler instead of before it; one rounding
-        either way)."""
-        cls.fused(batch)
+        either way): the mirror's own fused steps, never a subclass's."""
+        MarkovSteps.fused(batch)
 
     @staticmethod
     def write_cache(batch: MarkovBatch, step: int, logits: torch.Tensor) -> None:

@@ -12,6 +12,11 @@ For one drawn case (fixtures.strategies.DraftStepCase) four steps run on the sam
   (oracles.budgets.logit_budget);
 - the remainder's own error: every K3 path in float64, rounded once to bf16, the same remainder.
 
+A DSpark case with a Markov head (its weights have markov_w1/markov_w2: every drawn one, not a draft checkpoint
+without them) then passes the head on every side: the oracle's chain in float64 (refmodel.draft_step.
+markov_chain), and each bf16 block biased by the oracle's previous token at each position (engines/mirror/
+draft_step.markov_biased), so that a position is judged given the same history.
+
 Every position of the engine's block is then labelled against the oracle's (oracles/tokens.py), and so is
 the noise floor's. Shapes: see refmodel/draft_step.py.
 """
@@ -270,6 +275,13 @@ def run(engine: Any, mirror: Any, kind: str, case: Any, device: str, subjects: d
     noise = step_bf16(*_paths_bf16(kind, inp, case, g, {n: mirror.subject(n) for n in PATHS[kind]}, trained),
                       *remainder)
     exact_paths = step_bf16(*(t.to(LOW) for t in exact), *remainder)
+    if inp.weights.markov_w1 is not None:  # DSpark's Markov head (refmodel.draft_step.markov_chain)
+        oracle, chain = ref_step.markov_chain(oracle, _weights_f64(inp.weights), inp.markov_anchor)
+        # every side biased by the oracle's previous token at each position: a position is judged given the same
+        # history (after a flipped token the verifier rejects the rest of the block anyway)
+        prev = torch.cat([torch.tensor([inp.markov_anchor], device=chain.device), chain[:-1]])
+        engine_logits, noise, exact_paths = (bf16_step.markov_biased(x, inp.weights, prev)
+                                             for x in (engine_logits, noise, exact_paths))
     noise_err, logit_max = torch.stack([(up(noise) - oracle).abs().max(), oracle.abs().max()]).tolist()
     delta = budgets.logit_budget(noise_err, logit_max, LOW)
     return StepResult(kind, ";".join(f"{n}={src}" for n, (_, src) in chosen.items()), oracle, engine_logits, noise,

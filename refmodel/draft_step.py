@@ -14,7 +14,10 @@ prefix of the block that the target agrees with.
   kv_a_proj_with_mqa as the context's do. With YaRN rope scaling (K3's own geometry, refmodel/geometry.py),
   the rotation's frequencies and cos/sin factor are rope.py's and the softmax scale 1/sqrt(Dn + R) is
   multiplied by mscale(factor, mscale_all_dim)^2, as DeepSeek-V2/V3's MLA attention does
-  (`rope.softmax_scale_factor`). Not modelled: vLLM's Markov-head logit bias and confidence head.
+  (`rope.softmax_scale_factor`). The block's tokens then pass the drafter's Markov head (vLLM's
+  DSparkMarkovHead, which K3's DSpark drafter always builds: `markov_chain`, refmodel/markov.py): position i's
+  logits plus the bias of position i - 1's token, the anchor's (the last accepted token) at i = 0. Not
+  modelled: the confidence head.
 - DFlash (GQA; seed 003 §4, §6): the context's K/V are path 3's follow-on (`partial_projection.
   draft_context_kv`: K normed per head and NeoX-rotated, V [L, N, KVH, D]; SGLang 0.5.23 `dflash.py`
   `DFlashAttention.kv_proj_only`, written to the draft KV pool). Each draft layer's attention is GQA
@@ -36,7 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from k3num.refmodel import checks, rmsnorm
+from k3num.refmodel import checks, markov, rmsnorm
 from k3num.refmodel import rope as rope_ops
 from k3num.refmodel.geometry import RopeSpec
 
@@ -61,6 +64,7 @@ class DraftStepGeometry:
     window: int  # dflash: the sliding window in positions (0: none)
     eps: float
     assumed: tuple[str, ...] = field(default=())
+    markov_rank: int = 0  # dspark: the Markov head's rank (0: no head)
 
     def __post_init__(self) -> None:
         if self.kind not in ("dspark", "dflash"):
@@ -82,7 +86,8 @@ STEP_PRESETS: dict[str, DraftStepGeometry] = {
     "k3-dspark-step": DraftStepGeometry(
         "dspark", hidden=7168, num_layers=5, block=7, num_heads=128, head_dim=128, v_head_dim=128, num_kv_heads=1,
         kv_lora_rank=512, rope=RopeSpec(64, 50000.0, "gptj", None), mlp_width=2048, vocab=163840, window=0,
-        eps=1e-5, assumed=("num_heads", "head_dim", "v_head_dim", "mlp_width", "vocab")),
+        eps=1e-5, assumed=("num_heads", "head_dim", "v_head_dim", "mlp_width", "vocab"),
+        markov_rank=1 << 8),  # markov_w2 is 163840 x 256 (vLLM 0.34.0's drafter/markov.py)
     "k3-dflash-step": DraftStepGeometry(
         "dflash", hidden=7168, num_layers=6, block=16, num_heads=64, head_dim=128, v_head_dim=128, num_kv_heads=8,
         kv_lora_rank=0, rope=RopeSpec(128, 50000.0, "neox", None), mlp_width=2048, vocab=163840, window=4096,
@@ -151,7 +156,8 @@ class DraftWeights:
     norm q_a_norm [L, Q], q_b [L, NH*(Dn+R), Q]; q = q_b rmsnorm(q_a x)); kv_a [L, kv_lora+R, H] (the block's own
     latent KV, as path 1's weight); kv_norm [L, kv_lora]; w_uk [L, NH*Dn, kv_lora]; w_uv [L, NH*Dv, kv_lora].
     DFlash: q_proj [L, NH*D, H]; k_proj, v_proj [L, KVH*D, H]; k_norm [L, D]; q_norm [L, D] or None (the query
-    normed per head before its rotation, as SGLang 0.5.23's DFlash attention; None: no query norm)."""
+    normed per head before its rotation, as SGLang 0.5.23's DFlash attention; None: no query norm).
+    DSpark's Markov head: markov_w1 [V, r], markov_w2 [V, r] (None: no head)."""
 
     in_norm: torch.Tensor
     q_proj: torch.Tensor | None
@@ -173,6 +179,8 @@ class DraftWeights:
     q_a_norm: torch.Tensor | None = None
     q_b: torch.Tensor | None = None
     q_norm: torch.Tensor | None = None
+    markov_w1: torch.Tensor | None = None
+    markov_w2: torch.Tensor | None = None
 
 
 def dspark_query(x: torch.Tensor, w: DraftWeights, layer: int, eps: float) -> torch.Tensor:
@@ -282,3 +290,14 @@ def _check_step(block_hidden: torch.Tensor, block_positions: torch.Tensor, ctx_p
     checks.all_finite(block_hidden=block_hidden, lm_head=w.lm_head, final_norm=w.final_norm, in_norm=w.in_norm,
                       post_norm=w.post_norm, **{n: getattr(w, n) for n in needed},
                       **{name: t for name, (t, _) in context.items()})
+
+
+def markov_chain(logits: torch.Tensor, w: DraftWeights, anchor: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The block's logits [B, V] float64 through DSpark's Markov head (w.markov_w1, w.markov_w2 [V, r]): position
+    i's logits plus the bias of position i - 1's token, the anchor's at i = 0, each token the first argmax. Returns
+    (the biased logits [B, V], the tokens [B] int64)."""
+    if w.markov_w1 is None or w.markov_w2 is None:
+        raise ValueError("markov_chain: the weights have no Markov head (markov_w1, markov_w2)")
+    out, tokens = markov.greedy_chain(logits[None], w.markov_w1, w.markov_w2,
+                                      torch.tensor([anchor], device=logits.device))
+    return out[0], tokens[0]

@@ -45,12 +45,12 @@ def greedy_chain(base: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
     checks.float64("base", base)
     if base.dim() != 3 or base.shape[2] != w2.shape[0]:
         raise ValueError(f"base: expected [R, k, {w2.shape[0]}], got {list(base.shape)}")
-    prev = anchor.long()
+    prev = anchor.long().to(base.device)
     logits, tokens = [], []
     for s in range(base.shape[1]):
         step = base[:, s] + bias(w1, w2, prev)[0]
         best = step.max(-1, keepdim=True).values
-        idx = torch.arange(step.shape[-1]).expand_as(step)
+        idx = torch.arange(step.shape[-1], device=step.device).expand_as(step)
         prev = torch.where(step == best, idx, step.shape[-1]).min(-1).values
         logits.append(step)
         tokens.append(prev)

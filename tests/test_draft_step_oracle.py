@@ -202,3 +202,59 @@ def test_the_one_pass_weight_draw_draws_the_two_pass_values_bit_for_bit(dtype) -
             two = Draw(seed).normal(shape, scale).to(dtype)
             one = Draw(seed).normal_as(shape, scale, dtype)
             assert one.dtype == dtype and torch.equal(one.view(bits), two.view(bits)), (seed, shape)
+
+
+# --- DSpark's Markov head in the draft step (refmodel.draft_step.markov_chain; harness/draft_step.run) --------
+
+
+def test_markov_chain_adds_each_positions_previous_token_bias_and_takes_the_first_argmax() -> None:
+    w = ref.DraftWeights(*(None,) * 9, markov_w1=torch.tensor([[0.0], [1.0], [2.0]], dtype=F64),
+                         markov_w2=torch.tensor([[1.0], [0.0], [-1.0]], dtype=F64))
+    logits = torch.tensor([[0.0, 0.0, 5.0], [3.0, 0.0, 0.0], [1.0, 1.0, 0.0]], dtype=F64)
+    out, toks = ref.markov_chain(logits, w, anchor=0)
+    # anchor 0: no bias, token 2; prev 2 adds [2, 0, -2]: token 0; prev 0: a tie, the first
+    assert toks.tolist() == [2, 0, 0]
+    assert torch.equal(out[1], torch.tensor([5.0, 0.0, -2.0], dtype=F64))
+    with pytest.raises(ValueError, match="no Markov head"):
+        ref.markov_chain(logits, dataclasses.replace(w, markov_w1=None), anchor=0)
+
+
+def test_every_drawn_dspark_step_has_a_markov_head_and_dflash_none() -> None:
+    for kind in ("dspark", "dflash"):
+        inp = draft_step_inputs(_case(kind), torch.bfloat16, "cpu")
+        has = inp.weights.markov_w1 is not None and inp.weights.markov_w2 is not None
+        assert has == (kind == "dspark"), kind
+        if has:
+            assert inp.weights.markov_w1.shape == (64, 16) and 0 <= inp.markov_anchor < 64
+
+
+def test_the_markov_head_moves_the_oracles_tokens_and_a_step_that_drops_it_is_seen(monkeypatch) -> None:
+    """The head changes what the drafter proposes (the oracle's tokens with and without it differ), and a planted
+    bug, the engine's block biased by the anchor at every position, diverges from the oracle where the correct
+    head does not. (A head dropped on every bf16 side would widen the noise floor's budget instead: the
+    decided-position count, asserted here for the correct run, is what shows that.)"""
+    from k3num.engines import base, registry
+    from k3num.engines.mirror import draft_step as bf16_step
+    from k3num.harness import draft_step
+    from k3num.oracles import tokens
+
+    mirror = registry.get("mirror")
+    label = {base.CONTEXT_KV_FUSED: (mirror.subject(base.CONTEXT_KV_FUSED), "the mirror's, as a subject")}
+    cases = [_case("dspark", seed=s, block=6) for s in range(6)]
+    inputs = [draft_step_inputs(c, torch.bfloat16, "cpu") for c in cases]
+    right = [draft_step.run(mirror, mirror, "dspark", c, "cpu", subjects=label, inputs=i) for c, i in zip(cases, inputs)]
+    assert all(r.verdict.count(tokens.DIVERGED) == 0 for r in right), [draft_step.detail(r) for r in right]
+    assert sum(r.verdict.decided for r in right) >= len(cases), "too few decided positions to judge anything"
+    headless = [draft_step.run(mirror, mirror, "dspark", c, "cpu", subjects=label, inputs=dataclasses.replace(
+        i, weights=dataclasses.replace(i.weights, markov_w1=None, markov_w2=None))) for c, i in zip(cases, inputs)]
+    assert any(not torch.equal(a.oracle.argmax(-1), b.oracle.argmax(-1)) for a, b in zip(right, headless))
+    calls, real = [], bf16_step.markov_biased
+
+    def stale_on_the_engines_side(logits, w, prev):  # run() biases the engine's block, the noise floor's, then
+        calls.append(1)                              # the exact paths': only the first gets the anchor everywhere
+        return real(logits, w, prev[:1].expand_as(prev) if len(calls) % 3 == 1 else prev)
+
+    monkeypatch.setattr(bf16_step, "markov_biased", stale_on_the_engines_side)
+    stale = [draft_step.run(mirror, mirror, "dspark", c, "cpu", subjects=label, inputs=i)
+             for c, i in zip(cases, inputs)]
+    assert sum(r.verdict.count(tokens.DIVERGED) for r in stale) > 0, [draft_step.detail(r) for r in stale]

@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from k3num.engines.mirror import markov
 from k3num.engines.mirror.context_kv import rotary, shared_rope_cache
 from k3num.refmodel.draft_step import DraftStepGeometry, DraftWeights
 from k3num.refmodel.rope import softmax_scale_factor
@@ -112,3 +113,11 @@ def dflash_step(ctx_k: torch.Tensor, ctx_v: torch.Tensor, ctx_positions: torch.T
         h = h + o.reshape(-1, nh * d) @ w.o_proj[layer].T
         h = h + _mlp(_norm(h, w.post_norm[layer], g.eps), w.gate[layer], w.up[layer], w.down[layer])
     return _norm(h, w.final_norm, g.eps) @ w.lm_head.T
+
+
+def markov_biased(logits: torch.Tensor, w: DraftWeights, prev: torch.Tensor) -> torch.Tensor:
+    """The block's logits [B, V] (bf16) plus the Markov head's bias of each position's previous token prev [B],
+    as the drafter's Markov steps compute it (engines/mirror/markov.py: the fp32 dot rounded to the logits' dtype,
+    one fp32 add rounded; what properties/test_markov.py holds vLLM's fused steps to)."""
+    assert w.markov_w1 is not None and w.markov_w2 is not None
+    return markov.step_logits(logits, markov.bias(w.markov_w1, w.markov_w2, prev, logits.dtype))

@@ -9,6 +9,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -58,8 +59,8 @@ def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, b
     if fetch.PINS["vllm"].version != RELEASE.split("@")[1]:
         pytest.skip(f"the default vLLM release is not {RELEASE}: make the trees from its cache first")
     trees = PLANTS.make(tmp_path_factory.mktemp("markov-plants"), sorted(PLANTS.PLANTS))
-    out = {}
-    for tree in trees:
+
+    def one(tree: Path) -> tuple[str, tuple[int, bool, str]]:
         name = tree.name
         cmd = [sys.executable, "-m", "pytest", "properties/test_markov.py", "--engine", "vllm", "--engine-src",
                f"vllm={tree}", "--hypothesis-profile=ci-mutants", "-q", "-p", "no:cacheprovider",
@@ -69,7 +70,11 @@ def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, b
                               env={**os.environ, "OMP_NUM_THREADS": "1"})
         text = proc.stdout + proc.stderr
         caught = "AssertionError" in text and "InterpreterError" not in text
-        out[name] = (proc.returncode, caught, text[-3000:])
+        return name, (proc.returncode, caught, text[-3000:])
+
+    # two at a time: the test command's pytest is one process, so a 2-core machine has a core to spare
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        out = dict(pool.map(one, trees))
     return out
 
 

@@ -242,7 +242,8 @@ def test_the_markov_head_moves_the_oracles_tokens_and_a_step_that_drops_it_is_se
     label = {base.CONTEXT_KV_FUSED: (mirror.subject(base.CONTEXT_KV_FUSED), "the mirror's, as a subject")}
     cases = [_case("dspark", seed=s, block=6) for s in range(6)]
     inputs = [draft_step_inputs(c, torch.bfloat16, "cpu") for c in cases]
-    right = [draft_step.run(mirror, mirror, "dspark", c, "cpu", subjects=label, inputs=i) for c, i in zip(cases, inputs)]
+    right = [draft_step.run(mirror, mirror, "dspark", c, "cpu", subjects=label, inputs=i)
+             for c, i in zip(cases, inputs)]
     assert all(r.verdict.count(tokens.DIVERGED) == 0 for r in right), [draft_step.detail(r) for r in right]
     assert sum(r.verdict.decided for r in right) >= len(cases), "too few decided positions to judge anything"
     headless = [draft_step.run(mirror, mirror, "dspark", c, "cpu", subjects=label, inputs=dataclasses.replace(

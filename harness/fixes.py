@@ -560,3 +560,34 @@ def _apply(fix: Fix, dest: Path) -> Path:
         path = dest / rel
         path.write_text(edit(path.read_text(), rel))
     return dest
+
+
+# --- bugs planted in a kernel file, for the scripts that prove a property's power on the GPU (scripts/*_plants.py)
+
+
+def planted_text(text: str, name: str, plants: dict[str, tuple[str, str, str]], file: str) -> str:
+    """`text` with plant `name` of `plants` (name -> (text to find, its replacement, what the bug does)) applied;
+    ValueError unless its text occurs exactly once in `file`'s text (`control`, a comment, edits the first
+    occurrence of whatever it names)."""
+    old, new, _ = plants[name]
+    n = text.count(old)
+    if name != "control" and n != 1:
+        raise ValueError(f"plant {name}: its text occurs {n} times in {file} (want exactly once)")
+    return text.replace(old, new, 1)
+
+
+def plants_main(argv: list[str] | None, description: str, plants: dict[str, tuple[str, str, str]],
+                make: Callable[[Path, list[str]], list[Path]]) -> int:
+    """A plants script's command line: OUT [NAME ...] -> the planted trees, one path a line."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("names", nargs="*", help=f"default: all ({', '.join(plants)})")
+    args = ap.parse_args(argv)
+    unknown = [n for n in args.names if n not in plants]
+    if unknown:
+        ap.error(f"unknown plant(s) {unknown}; known: {sorted(plants)}")
+    for tree in make(args.out, args.names or list(plants)):
+        print(tree)
+    return 0

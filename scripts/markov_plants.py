@@ -12,7 +12,6 @@ must match exactly once in the pinned file (checked there too, so a release that
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -54,13 +53,11 @@ PLANTS: dict[str, tuple[str, str, str]] = {
 
 
 def planted(text: str, name: str) -> str:
-    """markov.py's text with plant `name` applied; ValueError unless its text occurs exactly once (the control
+    """The kernel's text with plant `name` applied; ValueError unless its text occurs exactly once (the control
     edits the file's first newline)."""
-    old, new, _ = PLANTS[name]
-    n = text.count(old)
-    if name != "control" and n != 1:
-        raise ValueError(f"plant {name}: its text occurs {n} times in {KERNEL} (want exactly once)")
-    return text.replace(old, new, 1)
+    from k3num.harness import fixes
+
+    return fixes.planted_text(text, name, PLANTS, KERNEL)
 
 
 def make(out: Path, names: list[str]) -> list[Path]:
@@ -76,16 +73,9 @@ def make(out: Path, names: list[str]) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", type=Path)
-    ap.add_argument("names", nargs="*", help=f"default: all ({', '.join(PLANTS)})")
-    args = ap.parse_args(argv)
-    unknown = [n for n in args.names if n not in PLANTS]
-    if unknown:
-        ap.error(f"unknown plant(s) {unknown}; known: {sorted(PLANTS)}")
-    for tree in make(args.out, args.names or list(PLANTS)):
-        print(tree)
-    return 0
+    from k3num.harness import fixes
+
+    return fixes.plants_main(argv, __doc__.split("\n\n")[0], PLANTS, make)
 
 
 if __name__ == "__main__":

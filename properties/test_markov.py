@@ -89,7 +89,8 @@ def _batch(seed: int, rows: int, steps: int, vocab: int, rank: int, temps: list[
     row_mapping = None
     if mapped:
         row_mapping = torch.randperm(slots, generator=gen).to(torch.int32)
-        row_mapping[int(slot[0])] = -1 if rows > 1 else row_mapping[int(slot[0])]
+        if rows > 1:  # the first row's slot has no cache row (another rank's, say)
+            row_mapping[int(slot[0])] = -1
     input_ids = torch.randint(0, vocab, (rows * 3,), generator=gen, dtype=torch.int32)
     anchor_idx = torch.randperm(rows * 3, generator=gen)[:rows]
     pos = torch.randint(1, 1 << 20, (rows, 1), generator=gen) + torch.arange(steps)

@@ -267,8 +267,8 @@ def run(engine: Any, mirror: Any, kind: str, case: Any, device: str, subjects: d
     step_bf16 = bf16_step.dspark_step if kind == "dspark" else bf16_step.dflash_step
     step_f64 = ref_step.dspark_step if kind == "dspark" else ref_step.dflash_step
     exact = _paths_f64(kind, inp, case, g, trained)
-    oracle = step_f64(*exact, inp.ctx_positions, up(inp.block_hidden), inp.block_positions,
-                      _weights_f64(inp.weights), g)
+    w64 = _weights_f64(inp.weights)
+    oracle = step_f64(*exact, inp.ctx_positions, up(inp.block_hidden), inp.block_positions, w64, g)
     remainder = (inp.ctx_positions, inp.block_hidden, inp.block_positions, inp.weights, g)
     engine_logits = step_bf16(*_paths_bf16(kind, inp, case, g, {n: fn for n, (fn, _) in chosen.items()}, served),
                               *remainder)
@@ -276,7 +276,7 @@ def run(engine: Any, mirror: Any, kind: str, case: Any, device: str, subjects: d
                       *remainder)
     exact_paths = step_bf16(*(t.to(LOW) for t in exact), *remainder)
     if inp.weights.markov_w1 is not None:  # DSpark's Markov head (refmodel.draft_step.markov_chain)
-        oracle, chain = ref_step.markov_chain(oracle, _weights_f64(inp.weights), inp.markov_anchor)
+        oracle, chain = ref_step.markov_chain(oracle, w64, inp.markov_anchor)
         # every side biased by the oracle's previous token at each position: a position is judged given the same
         # history (after a flipped token the verifier rejects the rest of the block anyway)
         prev = torch.cat([torch.tensor([inp.markov_anchor], device=chain.device), chain[:-1]])

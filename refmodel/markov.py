@@ -25,6 +25,12 @@ from k3num.refmodel import checks
 def bias(w1: torch.Tensor, w2: torch.Tensor, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """w1 [V1, r], w2 [V, r] float64, prev [R] int64 -> (bias [R, V], magnitude [R, V]): bias = w1[prev] @ w2^T,
     magnitude = |w1[prev]| @ |w2|^T (both float64)."""
+    e = _embed(w1, w2, prev)
+    return e @ w2.T, e.abs() @ w2.abs().T
+
+
+def _embed(w1: torch.Tensor, w2: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+    """w1[prev] [R, r] after checking the weights and the token ids (bias's checks)."""
     checks.float64("w1", w1)
     checks.float64("w2", w2)
     if w1.dim() != 2 or w2.dim() != 2 or w1.shape[1] != w2.shape[1]:
@@ -34,8 +40,7 @@ def bias(w1: torch.Tensor, w2: torch.Tensor, prev: torch.Tensor) -> tuple[torch.
     if prev.numel() and (int(prev.min()) < 0 or int(prev.max()) >= w1.shape[0]):
         raise ValueError(f"prev: token ids must lie in [0, {w1.shape[0]}), got [{int(prev.min())}, "
                          f"{int(prev.max())}]")
-    e = w1[prev.long()]
-    return e @ w2.T, e.abs() @ w2.abs().T
+    return w1[prev.long()]
 
 
 def greedy_chain(base: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
@@ -48,7 +53,7 @@ def greedy_chain(base: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
     prev = anchor.long().to(base.device)
     logits, tokens = [], []
     for s in range(base.shape[1]):
-        step = base[:, s] + bias(w1, w2, prev)[0]
+        step = base[:, s] + _embed(w1, w2, prev) @ w2.T  # the bias alone: the chain needs no magnitude
         best = step.max(-1, keepdim=True).values
         idx = torch.arange(step.shape[-1], device=step.device).expand_as(step)
         prev = torch.where(step == best, idx, step.shape[-1]).min(-1).values

@@ -55,11 +55,17 @@ ATTN_RES_MIX_EAGER = "attn_res_mix_eager"  # the eager PyTorch reference of the 
 # first nvb rows are inherited (as from the previous PP rank), the rest are not read
 ATTN_RES_RESIDUAL = "attn_res_residual"
 
-SUBJECTS = (
-    CONTEXT_KV_FUSED, CONTEXT_KV_UNFUSED, ATTN_RES, AUX_CAPTURE, STAGE_PARTIAL,
-    FINALIZE_PROJECTION, PROJECT_UNSHARDED, DRAFT_CONTEXT_KV, ATTN_RES_MIX, ATTN_RES_MIX_TRITON,
-    ATTN_RES_MIX_EAGER, ATTN_RES_RESIDUAL,
-)
+
+
+def __getattr__(name: str) -> Any:
+    """`SUBJECTS`: every subject's name, in its record's order (engines/subjects.py `SUBJECT_RECORDS`): a subject
+    is named once, in its record, and read here lazily (the records import this module's names)."""
+    if name == "SUBJECTS":
+        from k3num.engines.subjects import SUBJECT_RECORDS
+
+        return tuple(SUBJECT_RECORDS)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 Subject = Callable[..., Any]
 
@@ -137,8 +143,9 @@ class Engine:
         printer.text(repr(self))
 
     def subject(self, name: str) -> Subject:
-        if name not in SUBJECTS:
-            raise ValueError(f"subject: unknown name {name!r}; known: {list(SUBJECTS)}")
+        known = __getattr__("SUBJECTS")
+        if name not in known:
+            raise ValueError(f"subject: unknown name {name!r}; known: {list(known)}")
         try:
             return self.subjects[name]
         except KeyError:

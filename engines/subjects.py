@@ -109,6 +109,8 @@ class AttnResResidual(Protocol):
 
 @dataclass(frozen=True)
 class SubjectRecord:
+    """A subject's facts, named once: `SUBJECT_RECORDS` is the vocabulary (engines/base.py `SUBJECTS` reads its
+    keys, so a new subject is a name here and nowhere else below the properties)."""
     name: str
     path: str
     signature: type
@@ -117,27 +119,41 @@ class SubjectRecord:
     # budget (harness/judges.py REPLAYABLE says how, per property); a bundle of another property is replayed
     # against its recorded budget only (harness/repro.py)
     replays: tuple[str, ...] = ()
+    # why the DSpark/DFlash draft step (`k3num impact`) does not call it, or "" where the step does (a drafter's
+    # PATHS or a composed row in harness/draft_step.py): harness/draft_step.py `reach` refuses a bound subject
+    # with neither, so none is silently absent from the token-level judgement
+    not_in_step: str = ""
 
 
 _ATTN_RES_REPLAYS = ("attn_res_within_rounding_budget", "written_block_mixed_with_written_value",
                      "checkpoint_attn_res_within_rounding_budget", "poisoned_output_fully_written",
                      "off_path_shape_within_budget")
 _MIX_REPLAYS = ("read_only_mixture_within_rounding_budget", "off_path_shape_within_budget")
+# in the order the subjects were first named (base.SUBJECTS iterates it: parametrizations keep their order)
 SUBJECT_RECORDS: dict[str, SubjectRecord] = {r.name: r for r in (
     SubjectRecord(base.CONTEXT_KV_FUSED, "1", ContextKVFused, "context_kv", ("fused_within_budget_of_unfused",)),
     SubjectRecord(base.CONTEXT_KV_UNFUSED, "1", ContextKVUnfused, "context_kv", ("unfused_within_rounding_budget",)),
-    SubjectRecord(base.ATTN_RES, "2", AttnRes, "attn_res_with_sources", _ATTN_RES_REPLAYS),
+    SubjectRecord(base.ATTN_RES, "2", AttnRes, "attn_res_with_sources", _ATTN_RES_REPLAYS,
+                  not_in_step="the engine binds no aux tap to call it (the step's path 2 is the tap)"),
     SubjectRecord(base.AUX_CAPTURE, "2", AuxCapture, "capture_aux_stream"),
-    SubjectRecord(base.ATTN_RES_MIX, "2", AttnResMix, "attn_res_with_sources", _MIX_REPLAYS),
-    SubjectRecord(base.ATTN_RES_MIX_TRITON, "2", AttnResMix, "attn_res_with_sources", _MIX_REPLAYS),
-    SubjectRecord(base.ATTN_RES_MIX_EAGER, "2", AttnResMix, "attn_res_with_sources", _MIX_REPLAYS),
-    SubjectRecord(base.ATTN_RES_RESIDUAL, "2", AttnResResidual, "attn_res_with_sources",
-                  ("off_path_shape_within_budget",)),
-    SubjectRecord(base.STAGE_PARTIAL, "3", StagePartial, "project_context"),
-    SubjectRecord(base.FINALIZE_PROJECTION, "3", FinalizeProjection, "project_context"),
+    SubjectRecord(base.STAGE_PARTIAL, "3", StagePartial, "project_context",
+                  not_in_step="the engine binds no finalize_projection to sum its stages with"),
+    SubjectRecord(base.FINALIZE_PROJECTION, "3", FinalizeProjection, "project_context",
+                  not_in_step="the engine binds no stage_partial to give it partials"),
     SubjectRecord(base.PROJECT_UNSHARDED, "3", ProjectUnsharded, "project_context",
                   ("unsharded_within_rounding_budget",)),
     SubjectRecord(base.DRAFT_CONTEXT_KV, "3", DraftContextKV, "draft_context_kv", ("draft_kv_within_rounding_budget",)),
+    SubjectRecord(base.ATTN_RES_MIX, "2", AttnResMix, "attn_res_with_sources", _MIX_REPLAYS,
+                  not_in_step="the engine binds its own aux tap, which the step's path 2 runs"),
+    SubjectRecord(base.ATTN_RES_MIX_TRITON, "2", AttnResMix, "attn_res_with_sources", _MIX_REPLAYS,
+                  not_in_step="the engine's public mixture entry (attn_res_mix) is not composed into a tap here"),
+    SubjectRecord(base.ATTN_RES_MIX_EAGER, "2", AttnResMix, "attn_res_with_sources", _MIX_REPLAYS,
+                  not_in_step="the eager reference: the model's dispatch takes it off the 1024 grid only, and K3's "
+                              "hidden 7168 is on it (the mixture-tap rows run the dispatch at hidden 1024)"),
+    SubjectRecord(base.ATTN_RES_RESIDUAL, "2", AttnResResidual, "attn_res_with_sources",
+                  ("off_path_shape_within_budget",),
+                  not_in_step="the model's aggregation point; it reaches the step only through the unwritten "
+                              "layer input case class (`k3num impact --ledger`, SGLang's off-grid hidden)"),
 )}
 
 

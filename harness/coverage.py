@@ -121,6 +121,43 @@ def judged_by() -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in out.items()}
 
 
+def determinism_declared(properties: Path = PROPERTIES) -> dict[str, str]:
+    """subject -> "module::test" for each determinism property a property module declares with
+    properties/checks/determinism.py `deterministic_across_calls(NAME, ...)` at module level, NAME given as
+    `base.CONSTANT`, a string, or a module-level constant holding one (read from the source, as judged_by reads;
+    importing a test module here would import it a second time beside pytest's own import)."""
+    from k3num.engines import base
+
+    constants = {k: v for k, v in vars(base).items() if isinstance(v, str) and v in base.SUBJECTS}
+    out: dict[str, str] = {}
+    for path in sorted(properties.glob("test_*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        names = {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                 and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+                 for t in node.targets if isinstance(t, ast.Name)}
+        for node in tree.body:
+            call = node.value if isinstance(node, ast.Assign) else None
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                    and call.func.id == "deterministic_across_calls" and call.args):
+                continue
+            arg, name = call.args[0], None
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                name = arg.value
+            elif isinstance(arg, ast.Name):
+                name = names.get(arg.id)
+            elif isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name) and arg.value.id == "base":
+                name = constants.get(arg.attr)
+            if name is None:
+                raise ValueError(f"{path.name}:{node.lineno}: deterministic_across_calls' subject must be a "
+                                 "string, base.CONSTANT or a module-level constant (read from the source)")
+            targets = [t.id for t in node.targets if isinstance(t, ast.Name) and t.id.startswith("test_")]
+            if not targets:
+                raise ValueError(f"{path.name}:{node.lineno}: deterministic_across_calls(...) must be assigned to a "
+                                 "module-level name starting with test_ (pytest collects nothing else)")
+            out[name] = f"{path.name}::{targets[0]}"
+    return out
+
+
 def _checks_imports(tree: ast.Module) -> dict[str, str]:
     """name in the module -> name in properties/checks/ (`from k3num.properties.checks.X import a as b`)."""
     return {a.asname or a.name: a.name for node in tree.body if isinstance(node, ast.ImportFrom)

@@ -34,6 +34,7 @@ import torch
 from k3num.engines import base
 from k3num.engines.mirror import attn_res as mirror_attn_res
 from k3num.engines.mirror import draft_step as bf16_step
+from k3num.engines.subjects import SUBJECT_RECORDS
 from k3num.fixtures.builders import draft_step_inputs, upcast_weights
 from k3num.fixtures.draft_checkpoint import STREAMS
 from k3num.harness import oracle
@@ -47,18 +48,9 @@ PATHS = {"dspark": (base.AUX_CAPTURE, base.PROJECT_UNSHARDED, base.CONTEXT_KV_FU
          "dflash": (base.AUX_CAPTURE, base.PROJECT_UNSHARDED, base.DRAFT_CONTEXT_KV)}
 
 
-# the bound subjects the step does not call, each with why (`reach`): none is silently absent from `k3num impact`
-NOT_IN_THE_STEP = {
-    base.ATTN_RES: "the engine binds no aux tap to call it (the step's path 2 is the tap)",
-    base.STAGE_PARTIAL: "the engine binds no finalize_projection to sum its stages with",
-    base.FINALIZE_PROJECTION: "the engine binds no stage_partial to give it partials",
-    base.ATTN_RES_MIX: "the engine binds its own aux tap, which the step's path 2 runs",
-    base.ATTN_RES_MIX_TRITON: "the engine's public mixture entry (attn_res_mix) is not composed into a tap here",
-    base.ATTN_RES_MIX_EAGER: "the eager reference: the model's dispatch takes it off the 1024 grid only, and K3's "
-                             "hidden 7168 is on it (the mixture-tap rows run the dispatch at hidden 1024)",
-    base.ATTN_RES_RESIDUAL: "the model's aggregation point; it reaches the step only through the unwritten "
-                            "layer input case class (`k3num impact --ledger`, SGLang's off-grid hidden)",
-}
+# the bound subjects the step does not call, each with why (`reach`), read from each subject's record: none is
+# silently absent from `k3num impact`
+NOT_IN_THE_STEP = {name: r.not_in_step for name, r in SUBJECT_RECORDS.items() if r.not_in_step}
 
 
 # --- compositions: bound subjects an engine has no whole step path for (issue 40 item 1) ----------------------
@@ -131,7 +123,8 @@ VARIANTS = (
 
 def reach(engine: Any) -> dict[str, str]:
     """Every subject `engine` binds -> where the step runs it ("in the step: dspark, dflash") or why it does not
-    (NOT_IN_THE_STEP); KeyError naming a bound subject with neither, so a new subject cannot be silently absent."""
+    (its record's `not_in_step`); KeyError naming a bound subject with neither, so a new subject cannot be silently
+    absent."""
     out = {}
     composed = {n: v.name for v in VARIANTS if v.applies(engine) for n in v.runs}
     for name in engine.subjects:
@@ -147,11 +140,11 @@ def reach(engine: Any) -> dict[str, str]:
                          "other paths)")
         elif name == base.CONTEXT_KV_UNFUSED:
             out[name] = "the fused path is bound and runs in its place (the unfused one is its baseline)"
-        elif name in NOT_IN_THE_STEP:
-            out[name] = "not in the step: " + NOT_IN_THE_STEP[name]
+        elif name in SUBJECT_RECORDS and SUBJECT_RECORDS[name].not_in_step:  # read now: the records are the truth
+            out[name] = "not in the step: " + SUBJECT_RECORDS[name].not_in_step
         else:
-            raise KeyError(f"{engine.name}: subject {name} is bound but neither in the step's PATHS nor in "
-                           "draft_step.NOT_IN_THE_STEP with its reason")
+            raise KeyError(f"{engine.name}: subject {name} is bound but neither in the step's PATHS nor excused "
+                           "by its record (engines/subjects.py `not_in_step`)")
     return out
 
 

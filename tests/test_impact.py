@@ -229,7 +229,7 @@ def test_a_record_with_an_unknown_or_mismatched_case_class_is_refused_naming_it(
 
 def test_every_bound_subject_is_in_the_step_or_listed_with_why_it_is_not() -> None:
     """No subject an engine binds is silently absent from the draft step: `reach` places each one, and a bound
-    subject neither in the step's paths nor in NOT_IN_THE_STEP is refused naming it."""
+    subject neither in the step's paths nor excused by its record (`not_in_step`) is refused naming it."""
     import dataclasses
 
     from k3num.engines import registry

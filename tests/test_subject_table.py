@@ -162,3 +162,80 @@ def test_the_real_engines_are_the_pins_builds_each_a_factory_of_its_adapter_pack
         assert registry.pin_of(name) == pin
         assert callable(getattr(importlib.import_module(f"k3num.engines.{pin}_adapter"), attr)), (name, attr)
     assert registry.adapters() == list(dict.fromkeys(f"k3num.engines.{pin}_adapter" for _, pin, _ in builds))
+
+
+def test_a_subject_is_named_once_in_its_record_and_base_reads_the_names_from_there() -> None:
+    assert base.SUBJECTS == tuple(subjects.SUBJECT_RECORDS)
+    with pytest.raises(ValueError, match="unknown name 'no_such_subject'"):
+        base.Engine(name="e", version="0", mode="m", subjects={}).subject("no_such_subject")
+
+
+def test_the_steps_subjects_it_does_not_call_are_the_records_reasons() -> None:
+    from k3num.harness import draft_step
+
+    assert draft_step.NOT_IN_THE_STEP == {n: r.not_in_step for n, r in subjects.SUBJECT_RECORDS.items()
+                                          if r.not_in_step}
+    in_paths = {n for names in draft_step.PATHS.values() for n in names}
+    assert not in_paths & set(draft_step.NOT_IN_THE_STEP)  # a subject the step calls gives no reason it does not
+
+
+def test_a_new_subject_is_its_record_its_binding_its_property_and_its_mutant(monkeypatch, tmp_path) -> None:
+    """A subject added in the four files docs/adding-a-property.md names, simulated: its record (here planted in
+    the table), a binding (an engine carrying it), its property module's determinism declaration (a module in a
+    temporary properties folder). Nothing else is needed for the vocabulary, the step's placement and the
+    determinism rule; without the record's reason the step refuses it, naming it."""
+    import dataclasses
+
+    from k3num.harness import draft_step
+    from k3num.properties.checks import determinism
+
+    record = subjects.SubjectRecord("planted_subject", "2", subjects.AttnResMix, "attn_res_with_sources",
+                                    not_in_step="a planted subject: a test of the record's reason")
+    monkeypatch.setitem(subjects.SUBJECT_RECORDS, record.name, record)
+    assert "planted_subject" in base.SUBJECTS
+    engine = base.Engine(name="e", version="0", mode="reference", subjects={"planted_subject": lambda *a: None})
+    assert engine.subject("planted_subject") is not None
+    assert draft_step.reach(engine) == {"planted_subject": "not in the step: " + record.not_in_step}
+    (tmp_path / "test_planted.py").write_text(
+        "test_planted_is_deterministic_across_calls = deterministic_across_calls('planted_subject', None, None)\n")
+    assert determinism.without_determinism(coverage.determinism_declared(tmp_path)) == ""
+    monkeypatch.setitem(subjects.SUBJECT_RECORDS, record.name, dataclasses.replace(record, not_in_step=""))
+    with pytest.raises(KeyError, match="planted_subject is bound but neither in the step's PATHS nor excused"):
+        draft_step.reach(engine)
+
+
+_DECLARING = '''
+from k3num.engines import base
+from k3num.properties.checks.determinism import deterministic_across_calls
+
+NEW = "attn_res_mix_eager"
+test_a_is_deterministic_across_calls = deterministic_across_calls(base.ATTN_RES_MIX, None, None)
+test_b_is_deterministic_across_calls = deterministic_across_calls("attn_res_mix_triton", None, None)
+test_c_is_deterministic_across_calls = deterministic_across_calls(NEW, None, None)
+'''
+
+
+def test_a_determinism_property_declared_in_a_property_module_is_read_from_its_source(tmp_path) -> None:
+    (tmp_path / "test_new.py").write_text(_DECLARING)
+    assert coverage.determinism_declared(tmp_path) == {
+        "attn_res_mix": "test_new.py::test_a_is_deterministic_across_calls",
+        "attn_res_mix_triton": "test_new.py::test_b_is_deterministic_across_calls",
+        "attn_res_mix_eager": "test_new.py::test_c_is_deterministic_across_calls"}
+    (tmp_path / "test_bad.py").write_text("x = 1\ntest_d = deterministic_across_calls(f(x), None, None)\n")
+    with pytest.raises(ValueError, match="test_bad.py:2: .*must be a string"):
+        coverage.determinism_declared(tmp_path)
+    (tmp_path / "test_bad.py").write_text("helper = deterministic_across_calls('attn_res', None, None)\n")
+    with pytest.raises(ValueError, match="assigned to a module-level name starting with test_"):
+        coverage.determinism_declared(tmp_path)
+
+
+def test_a_subject_without_a_determinism_property_or_with_two_is_refused_naming_it(monkeypatch) -> None:
+    from k3num.properties.checks import determinism
+
+    assert determinism.without_determinism(coverage.determinism_declared()) == ""  # the repository as it is
+    planted = subjects.SubjectRecord("planted_subject", "2", subjects.AttnResMix, "attn_res_with_sources")
+    monkeypatch.setitem(subjects.SUBJECT_RECORDS, planted.name, planted)
+    assert "no determinism property for ['planted_subject']" in determinism.without_determinism({})
+    assert determinism.without_determinism({"planted_subject": "test_x.py::test_y"}) == ""
+    assert "declared beside KERNEL_SUBJECTS' own: ['context_kv_fused']" in determinism.without_determinism(
+        {"planted_subject": "test_x.py::test_y", "context_kv_fused": "test_x.py::test_z"})

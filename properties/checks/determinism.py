@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Callable
 
 import torch
+from hypothesis import given
 from hypothesis import strategies as st
 
 from k3num.engines import base
@@ -31,7 +32,7 @@ from k3num.fixtures.tensors import Draw
 from k3num.oracles import hunt
 from k3num.oracles.budgets import Budget
 from k3num.oracles.records import judge
-from k3num.properties.support import DEVICE, LOW, call, report, up
+from k3num.properties.support import DEVICE, LOW, call, report, shardable, subject, up
 
 EPS, OUT_EPS = 1e-5, 1e-6
 Outputs = tuple[tuple[torch.Tensor, ...], tuple[str, ...]]
@@ -142,6 +143,37 @@ KERNEL_SUBJECTS: dict[str, tuple[st.SearchStrategy, Callable]] = {
     base.FINALIZE_PROJECTION: (projection_cases(), _projection(base.FINALIZE_PROJECTION)),
     base.PROJECT_UNSHARDED: (projection_cases(), _projection(base.PROJECT_UNSHARDED)),
 }
+
+
+def deterministic_across_calls(name: str, cases: st.SearchStrategy, make: Callable) -> Callable:
+    """A subject's determinism property, declared in its own property module (a subject added after this table:
+    `test_<subject>_is_deterministic_across_calls = deterministic_across_calls(NAME, cases, make)`), so a new
+    subject's cases and call live beside its property and this module is not edited. `make(engine, fn, case,
+    device)` returns the call (as the invokers above); a case is a tuple ending in its seed or has `.seed`.
+    properties/test_determinism.py requires every subject to have KERNEL_SUBJECTS' entry or one such
+    declaration (harness/coverage.py `determinism_declared` reads them from the modules' source)."""
+
+    @shardable
+    @given(case=cases)
+    def test(engine, case) -> None:
+        fn = subject(engine, name)
+        seed = case[-1] if isinstance(case, tuple) else case.seed
+        check_deterministic(engine, name, make(engine, fn, case, DEVICE), hunt.repeats_for(DEVICE), seed,
+                            detail=repr(case).replace(" ", ""))
+
+    test.__doc__ = f"{name}: repeated calls on bitwise-identical fresh inputs are bitwise identical (outputs and " \
+                   "side effects), under poisoned allocations."
+    return test
+
+
+def without_determinism(declared: dict[str, str]) -> str:
+    """What is wrong with the subjects' determinism properties ("" when nothing): a subject with neither a
+    KERNEL_SUBJECTS entry nor a declaration (`declared`: harness/coverage.py `determinism_declared`; attn_res has
+    its own test in properties/test_determinism.py), or with both (its cases would run twice)."""
+    missing = set(base.SUBJECTS) - set(KERNEL_SUBJECTS) - {base.ATTN_RES} - set(declared)
+    twice = set(declared) & (set(KERNEL_SUBJECTS) | {base.ATTN_RES})
+    return "; ".join(filter(None, [missing and f"no determinism property for {sorted(missing)}",
+                                   twice and f"declared beside KERNEL_SUBJECTS' own: {sorted(twice)}"]))
 
 
 def check_deterministic(engine, name: str, once: Callable[[], Outputs], calls: int, seed: int,

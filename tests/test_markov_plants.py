@@ -50,6 +50,13 @@ def test_a_plant_whose_text_moved_is_refused_naming_it() -> None:
         PLANTS.planted("# nothing of the kernel here\n", "markov_take_last_max")
 
 
+def _spare_cores() -> int:
+    """The cores this process may fill with plant runs: the machine's, shared among the xdist workers (one each
+    when there are as many workers as cores, as the test command runs on a 2-core machine)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, bool, str]]:
     """plant -> (pytest exit, whether a property's assertion failed and no kernel crashed, its output's tail):
@@ -72,8 +79,8 @@ def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, b
         caught = "AssertionError" in text and "InterpreterError" not in text
         return name, (proc.returncode, caught, text[-3000:])
 
-    # two at a time: the test command's pytest is one process, so a 2-core machine has a core to spare
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    # as many at a time as this process has cores to itself: the test command's xdist workers share the machine's
+    with ThreadPoolExecutor(max_workers=_spare_cores()) as pool:
         out = dict(pool.map(one, trees))
     return out
 

@@ -33,8 +33,9 @@ class Divergence:
     what: str
     reproducer: str
     upstream: str
-    # the engine files (paths inside the pinned release) the finding lives in: the entry applies while
-    # these are the pinned bytes, however the rest of the engine's tree changed (supply.fetch.pinned_files)
+    # the engine files (paths inside the pinned release; `csrc/...` inside its pinned source distribution, the
+    # compiled ops) the finding lives in: the entry applies while these are the pinned bytes, however the rest of
+    # the engine's tree changed (supply.fetch.pinned_files)
     files: tuple[str, ...] = ()
     modes: tuple[str, ...] = ()
     # other property tests the same finding fails (a race shows in every property that repeats or
@@ -278,7 +279,8 @@ LEDGER: tuple[Divergence, ...] = (
     ),
     Divergence(
         id="K3N-014", token_case="through_an_fp8_cache",
-        files=("vllm/models/kimi_k3/nvidia/dspark_mla.py", "vllm/_custom_ops.py"),
+        # the defect's own line is in the compiled insert (csrc: the release's pinned sdist, supply.fetch.pinned_files)
+        files=("vllm/models/kimi_k3/nvidia/dspark_mla.py", "vllm/_custom_ops.py", "csrc/cache_kernels.cu"),
         engine="vllm", version="0.33.0", also_releases=("0.34.0",),  # 0.34.0: GPU run 97, its own csrc's ops
         subject="context_kv_ops", modes=("source-gpu", "import"),
         test="test_fp8_insert_with_a_zero_or_nonfinite_scale_refuses_or_poisons_visibly",

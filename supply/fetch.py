@@ -402,10 +402,15 @@ def parse_sources(items: "Sequence[str] | str") -> dict[str, Path]:
 def pinned_files(src: "Source | str", files: tuple[str, ...]) -> bool:
     """Whether each of `files` is the pinned bytes in the source used: always for the cache (checked
     against its pins before use); for a local tree, each file's sha256 against the pinned manifest (no
-    verified manifest to compare with: not the pinned bytes as far as anyone can tell)."""
+    verified manifest to compare with: not the pinned bytes as far as anyone can tell). A `csrc/` path is a
+    file of the release's pinned source distribution (its compiled ops, `csrc_dir`): a local tree without a
+    `csrc/` folder builds its ops from that sdist (supply/cuda_ops.py `sources_for`), so its csrc files are the
+    pinned bytes; one with its own `csrc/` is compared file by file with the pinned csrc's manifest."""
     src = source(src)
     pin = src.pin
-    unknown = [f for f in files if f not in pin.files]
+    csrc = [f for f in files if f.startswith("csrc/")]
+    known = _csrc_manifest(pin) if csrc else {}
+    unknown = [f for f in files if f not in pin.files and not (f in csrc and (known is None or f in known))]
     if unknown:
         raise ValueError(f"{src.engine}: {unknown} are not files of the pin")
     if src.local is None:
@@ -413,7 +418,29 @@ def pinned_files(src: "Source | str", files: tuple[str, ...]) -> bool:
     pinned = _pinned_manifest(pin)
     if pinned is None:
         return False
-    return all((src.local / rel).is_file() and sha256_of(src.local / rel) == pinned.get(rel) for rel in files)
+    if csrc and (src.local / "csrc").is_dir():
+        if known is None:
+            return False  # the pinned csrc is not fetched here: nothing to compare the tree's with
+        if not all((src.local / rel).is_file() and sha256_of(src.local / rel) == known[rel] for rel in csrc):
+            return False
+    return all((src.local / rel).is_file() and sha256_of(src.local / rel) == pinned.get(rel)
+               for rel in files if rel not in csrc)
+
+
+def _csrc_manifest(pin: Pin) -> dict[str, str] | None:
+    """The release's pinned csrc manifest (file -> sha256), None when that csrc is not extracted here or its
+    manifest is not the pinned one; ValueError when the engine has no pinned source distribution."""
+    try:
+        spin = sdist_pin(f"{pin.engine}@{pin.version}")
+    except FetchError as e:
+        raise ValueError(f"{pin.engine} {pin.version}: csrc files need a pinned source distribution ({e})") from None
+    path = cache_root() / f"{spin.engine}-{spin.version}-csrc" / MANIFEST
+    try:
+        if not spin.manifest_sha256 or sha256_of(path) != spin.manifest_sha256:
+            return None
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return None
 
 
 def _pinned_manifest(pin: Pin) -> dict[str, str] | None:

@@ -6,7 +6,9 @@ a second bug in the same test, outside the rule, fails the test on the pinned by
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,10 +25,42 @@ DSPARK = "vllm/models/kimi_k3/nvidia/dspark_mla.py"
 
 
 def test_every_entry_names_files_of_its_pin():
+    """A Python file of the engine's pin, or a `csrc/` file of its pinned source distribution (the compiled ops)."""
     for d in ledger.LEDGER:
         pin = fetch.PINS[d.engine.split("-")[0]]
         assert d.files, d.id
-        assert set(d.files) <= set(pin.files), (d.id, set(d.files) - set(pin.files))
+        csrc = {f for f in d.files if f.startswith("csrc/")}
+        assert set(d.files) - csrc <= set(pin.files), (d.id, set(d.files) - csrc - set(pin.files))
+        if csrc:
+            manifest = fetch.csrc_dir(pin.engine) / fetch.MANIFEST
+            if not manifest.is_file():
+                pytest.skip(f"{pin.engine}'s csrc is not fetched (k3num fetch): {d.id}'s {sorted(csrc)} unchecked")
+            assert csrc <= set(json.loads(manifest.read_text())), (d.id, csrc)
+
+
+def test_k3n_014_names_the_compiled_insert_its_defect_lives_in():
+    assert "csrc/cache_kernels.cu" in ledger.by_id("K3N-014").files
+
+
+def test_a_csrc_file_is_the_pinned_bytes_unless_the_trees_own_csrc_changes_it(tmp_path):
+    """A tree without csrc/ builds its ops from the pinned sdist (its csrc files are the pinned bytes); a tree with
+    its own csrc/ is compared file by file; a csrc name the sdist lacks is refused."""
+    cu = "csrc/cache_kernels.cu"
+    if not (fetch.csrc_dir("vllm") / fetch.MANIFEST).is_file():
+        pytest.skip("vllm's csrc is not fetched (k3num fetch)")
+    root = _tree(tmp_path, None)
+    local = fetch.Source("vllm", root)
+    assert fetch.pinned_files("vllm", (DSPARK, cu))  # the cache
+    assert fetch.pinned_files(local, (DSPARK, cu))  # no csrc/: the pinned sdist's ops
+    shutil.copytree(fetch.csrc_dir("vllm") / "csrc", root / "csrc")
+    assert fetch.pinned_files(local, (DSPARK, cu))  # its own csrc, the pinned bytes
+    with open(root / cu, "a") as fh:
+        fh.write("\n// a head's fix of the insert\n")
+    assert not fetch.pinned_files(local, (cu,))
+    assert not fetch.pinned_files(local, (DSPARK, cu))
+    assert fetch.pinned_files(local, (DSPARK,))  # the Python files alone are still the pinned bytes
+    with pytest.raises(ValueError, match="not files of the pin"):
+        fetch.pinned_files("vllm", ("csrc/no_such_kernel.cu",))
 
 
 def test_every_fix_edits_a_file_of_each_entry_it_fixes():

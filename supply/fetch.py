@@ -434,20 +434,18 @@ def _csrc_manifest(pin: Pin) -> dict[str, str] | None:
         spin = sdist_pin(f"{pin.engine}@{pin.version}")
     except FetchError as e:
         raise ValueError(f"{pin.engine} {pin.version}: csrc files need a pinned source distribution ({e})") from None
-    path = cache_root() / f"{spin.engine}-{spin.version}-csrc" / MANIFEST
-    try:
-        if not spin.manifest_sha256 or sha256_of(path) != spin.manifest_sha256:
-            return None
-        return dict(json.loads(path.read_text()))
-    except (OSError, ValueError):
-        return None
+    return _verified_manifest(cache_root() / f"{spin.engine}-{spin.version}-csrc" / MANIFEST, spin.manifest_sha256)
 
 
 def _pinned_manifest(pin: Pin) -> dict[str, str] | None:
     """The cache's MANIFEST.json when its own sha256 is the pinned one, else None."""
-    path = cache_root() / _tree_name(pin) / MANIFEST
+    return _verified_manifest(cache_root() / _tree_name(pin) / MANIFEST, pin.manifest_sha256)
+
+
+def _verified_manifest(path: Path, sha256: str) -> dict[str, str] | None:
+    """A MANIFEST.json's file -> sha256 when the manifest's own sha256 is `sha256` (pinned), else None."""
     try:
-        if not pin.manifest_sha256 or sha256_of(path) != pin.manifest_sha256:
+        if not sha256 or sha256_of(path) != sha256:
             return None
         return dict(json.loads(path.read_text()))
     except (OSError, ValueError):

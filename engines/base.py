@@ -56,7 +56,6 @@ ATTN_RES_MIX_EAGER = "attn_res_mix_eager"  # the eager PyTorch reference of the 
 ATTN_RES_RESIDUAL = "attn_res_residual"
 
 
-
 def __getattr__(name: str) -> Any:
     """`SUBJECTS`: every subject's name, in its record's order (engines/subjects.py `SUBJECT_RECORDS`): a subject
     is named once, in its record, and read here lazily (the records import this module's names)."""

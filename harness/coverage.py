@@ -98,9 +98,7 @@ def judged_by() -> dict[str, list[str]]:
     itself or through a helper it calls (one of its module's, or one of properties/checks/ it imports, with
     the helpers those call). A test calling a helper that names two subjects is counted for both, whichever
     it passes."""
-    from k3num.engines import base
-
-    constants = {k: v for k, v in vars(base).items() if isinstance(v, str) and v in base.SUBJECTS}
+    constants = _subject_constants()
     trees = {path: ast.parse(path.read_text()) for path in sorted(PROPERTIES.glob("test_*.py"))}
     shared = [ast.parse(path.read_text()) for path in sorted((PROPERTIES / "checks").glob("*.py"))]
     names = {  # module-level NAME = "contract" in any property or checks module (imported by the others)
@@ -121,14 +119,19 @@ def judged_by() -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in out.items()}
 
 
+def _subject_constants() -> dict[str, str]:
+    """engines/base.py's constant name -> the subject it names (`base.ATTN_RES` -> "attn_res")."""
+    from k3num.engines import base
+
+    return {k: v for k, v in vars(base).items() if isinstance(v, str) and v in base.SUBJECTS}
+
+
 def determinism_declared(properties: Path = PROPERTIES) -> dict[str, str]:
     """subject -> "module::test" for each determinism property a property module declares with
     properties/checks/determinism.py `deterministic_across_calls(NAME, ...)` at module level, NAME given as
     `base.CONSTANT`, a string, or a module-level constant holding one (read from the source, as judged_by reads;
     importing a test module here would import it a second time beside pytest's own import)."""
-    from k3num.engines import base
-
-    constants = {k: v for k, v in vars(base).items() if isinstance(v, str) and v in base.SUBJECTS}
+    constants = _subject_constants()
     out: dict[str, str] = {}
     for path in sorted(properties.glob("test_*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))

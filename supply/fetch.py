@@ -430,11 +430,12 @@ def pinned_files(src: "Source | str", files: tuple[str, ...]) -> bool:
 def _csrc_manifest(pin: Pin) -> dict[str, str] | None:
     """The release's pinned csrc manifest (file -> sha256), None when that csrc is not extracted here or its
     manifest is not the pinned one; ValueError when the engine has no pinned source distribution."""
+    spec = f"{pin.engine}@{pin.version}"
     try:
-        spin = sdist_pin(f"{pin.engine}@{pin.version}")
+        spin = sdist_pin(spec)
     except FetchError as e:
         raise ValueError(f"{pin.engine} {pin.version}: csrc files need a pinned source distribution ({e})") from None
-    return _verified_manifest(cache_root() / f"{spin.engine}-{spin.version}-csrc" / MANIFEST, spin.manifest_sha256)
+    return _verified_manifest(csrc_dir(spec) / MANIFEST, spin.manifest_sha256)
 
 
 def _pinned_manifest(pin: Pin) -> dict[str, str] | None:

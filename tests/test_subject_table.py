@@ -239,3 +239,26 @@ def test_a_subject_without_a_determinism_property_or_with_two_is_refused_naming_
     assert determinism.without_determinism({"planted_subject": "test_x.py::test_y"}) == ""
     assert "declared beside KERNEL_SUBJECTS' own: ['context_kv_fused']" in determinism.without_determinism(
         {"planted_subject": "test_x.py::test_y", "context_kv_fused": "test_x.py::test_z"})
+
+
+def test_a_declared_determinism_property_fails_a_subject_that_answers_differently_on_repeated_calls() -> None:
+    """The property `deterministic_across_calls` builds, run on the mirror's read-only mixture (passes) and on a
+    mutant of it whose output moves by one bf16 ulp on every other call (fails: the calls are not bitwise equal)."""
+    import torch
+
+    from k3num.properties.checks import determinism
+
+    mirror = registry.get("mirror")
+    fn = mirror.subject(base.ATTN_RES_MIX)
+    cases = determinism.KERNEL_SUBJECTS[base.ATTN_RES_MIX][0]
+    test = determinism.deterministic_across_calls(base.ATTN_RES_MIX, cases, determinism._mix)
+    test(engine=mirror)
+    count = iter(range(1 << 20))
+
+    def flaky(*args):
+        out = fn(*args)
+        return torch.nextafter(out, torch.full_like(out, float("inf"))) if next(count) % 2 else out
+
+    broken = base.Engine(name="mutant-flaky-mix", version="0", mode="reference", subjects={base.ATTN_RES_MIX: flaky})
+    with pytest.raises(AssertionError, match="deterministic_across_calls.*2 distinct of"):
+        test(engine=broken)

@@ -18,6 +18,11 @@ in place) and its output.
                                     summed in float32 (add_capture): sum_i bf16(h_i W_i^T)
                finalize_projection  the float32 sum of the partials rounded to bf16 before the norm
                                     (finalize_target_projection), then the norm in float32, rounded once
+    K3N-014    (the failure)        every byte of the layer's slots x / scale saturated, as the insert property
+                                    states it (its compiled op runs behind a capability no recorder wraps)
+    K3N-008    attn_res_residual    the columns at and past (H // 1024) * 1024 never written (the allocation's
+                                    poison), each row before them the mixture or NaN (whole 1024-element chunks
+                                    read past the row: srt/layers/attn_residual.py _score_kernel, _mix_fused)
 
 Where a rounding's input lies within the float32 accumulation error of a rounding boundary, the model
 cannot say which neighbour the engine takes: both are allowed there (`_ambiguous_ulp`), so an exact
@@ -373,11 +378,71 @@ def delta_applied_twice(calls: list[Call]) -> str:
     return ""
 
 
+# ---- K3N-008: SGLang's model aggregation leaves the columns past the 1024 grid unwritten -----------------
+
+GRID = 1024  # _mix_fused's column block and _score_kernel's unmasked chunk (oracles/ledger.py K3N-008's `what`)
+
+
+def unwritten_past_the_grid(calls: list[Call]) -> str:
+    """Every attn_res_residual(prefix [T,H], bank [T,R,H], nvb, norm, proj, out_norm, eps) output [T,H] has its
+    columns at and past (H // 1024) * 1024 still the allocation's poison (never written), and each row's columns
+    before them either within the property's budget of the oracle (harness/judges.residual_mixture, the bank's
+    poisoned rows read as zeros) or all NaN (their score read whole 1024-element chunks past the row, into memory
+    the property poisons). A written tail, or a finite row that is not the mixture, is not this bug."""
+    from k3num.harness import judges
+    from k3num.oracles import hunt
+
+    if not calls:
+        return "no attn_res_residual call was made"
+    for c in calls:
+        if len(c.args) < 7:
+            return "a call not made with its seven positional arguments (prefix, bank, nvb, norm, proj, out_norm, eps)"
+        prefix, bank, nvb, norm, proj, out_norm, eps = c.args[:7]
+        h = prefix.shape[-1]
+        cut = h // GRID * GRID
+        tail = hunt.is_sentinel(c.out[:, cut:])
+        if not bool(tail.all()):
+            return (f"columns {cut}-{h - 1} were written: {int((~tail).sum())} of {tail.numel()} elements are not "
+                    "the allocation's poison")
+        if cut and c.engine is not None:
+            want, budget = judges.residual_mixture(c.engine, prefix, bank.nan_to_num(0.0), int(nvb), norm, proj,
+                                                   out_norm, float(eps))
+            head = c.out[:, :cut].double()
+            within = ((head - want[:, :cut]).abs() <= torch.as_tensor(budget.value, dtype=torch.float64)).all(-1)
+            rows = torch.isnan(head).all(-1) | within
+            if not bool(rows.all()):
+                r = int((~rows).nonzero()[0, 0])
+                return (f"row {r}'s columns 0-{cut - 1} are neither the mixture within its budget nor NaN (a read "
+                        "past the row)")
+        elif cut:
+            return "a call without its engine: its written columns cannot be judged"
+    return ""
+
+
+# ---- K3N-014: vLLM's FP8 cache insert takes a zero or infinite scale and saturates -----------------------
+
+SATURATED = "every byte is x / scale saturated"  # the insert property's verdict (properties/test_context_kv_ops.py)
+
+
+def quotient_saturated(failure: str) -> str:
+    """The FP8 insert wrote, in every mapped slot of the layer with the bad scale, the bytes of a saturating
+    conversion of x / scale (refmodel.quant.fp8_quotient_bytes: +-max for a zero scale, +-0 for an infinite one,
+    NaN for 0 / 0). The compiled op runs behind a capability no recorder wraps, so the property computes the
+    comparison and states it; this reads the statement. Any other bytes are not this bug."""
+    if SATURATED in failure:
+        return ""
+    said = next((part.strip() for part in failure.split(";") if "saturated" in part), "")
+    return said or "the failure does not say the written bytes are x / scale saturated"
+
+
 @dataclass(frozen=True)
 class BugModel:
     subjects: tuple[str, ...]  # the subjects whose calls it reads
-    explains: Callable[[list[Call]], str]  # '' explained, else why not
+    explains: Callable[[Any], str]  # '' explained, else why not: over the calls, or over the failure's message
     what: str  # the defective computation, in one line
+    # the model reads the failure's message, where the property computed the comparison itself (a compiled op
+    # behind a capability, whose calls no recorder sees), instead of the recorded calls
+    reads_failure: bool = False
 
 
 MODELS: dict[str, BugModel] = {
@@ -388,6 +453,11 @@ MODELS: dict[str, BugModel] = {
     "K3N-007": BugModel((base.ATTN_RES,), delta_applied_twice,
                         "the prefix source read back after the kernel's own store: a set of 32-element segments "
                         "with the delta applied twice"),
+    "K3N-008": BugModel((base.ATTN_RES_RESIDUAL,), unwritten_past_the_grid,
+                        "the columns at and past (H // 1024) * 1024 never written, the ones before read over whole "
+                        "1024-element chunks past the row"),
+    "K3N-014": BugModel((), quotient_saturated, "every byte of the layer's slots x / scale saturated (+-max for a "
+                        "zero scale, +-0 for an infinite one)", reads_failure=True),
     "K3N-006": BugModel((base.STAGE_PARTIAL, base.FINALIZE_PROJECTION), tap_projections_rounded_to_bf16,
                         "each tap's projection rounded to bf16, summed in float32; the sum rounded to bf16 "
                         "before the norm"),
@@ -397,15 +467,18 @@ MODELS: dict[str, BugModel] = {
 TRUNCATED = "(calls past the recorder's limit)"  # harness/ledger_run.record_calls's mark: outputs not kept
 
 
-def explains(entry_id: str, calls: list[Call]) -> str:
-    """'' where the entry's model explains these calls (or the entry has no model: its region decides), else
-    why not, naming the entry. Where the recorder dropped calls (TRUNCATED), not explained: the model never
-    saw every output."""
+def explains(entry_id: str, calls: list[Call], failure: str = "") -> str:
+    """'' where the entry's model explains these calls, or (a model that reads it) the failure's message `failure`
+    (an entry without a model: its region decides), else why not, naming the entry. Where the recorder dropped
+    calls (TRUNCATED), not explained: the model never saw every output."""
     model = MODELS.get(entry_id)
     if model is None:
         return ""
-    if any(c.subject == TRUNCATED for c in calls):
+    if model.reads_failure:
+        why = model.explains(failure)
+    elif any(c.subject == TRUNCATED for c in calls):
         return (f"not {entry_id}'s bug as far as can be told: more than {len(calls) - 1} calls with distinct "
                 "inputs or outputs, and the model judges only the ones recorded (harness/ledger_run.DISTINCT)")
-    why = model.explains([c for c in calls if c.subject in model.subjects])
+    else:
+        why = model.explains([c for c in calls if c.subject in model.subjects])
     return f"not {entry_id}'s bug ({model.what}): {why}" if why else ""

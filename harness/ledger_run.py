@@ -82,7 +82,7 @@ def ledgered(inner):
             if not inside:
                 raise  # outside every entry's cases: a failure like any other
             # inside an entry's region, known only where its bug model explains what the engine computed
-            unexplained = {eid: ledger_models.explains(eid, recorded) for eid in inside}
+            unexplained = {eid: ledger_models.explains(eid, recorded, str(e)) for eid in inside}
             covering = [eid for eid in inside if not unexplained[eid]]
             if not covering:
                 note = ("; ".join(unexplained.values()) + ": inside the region of the ledger, but not its bug: "
@@ -136,7 +136,7 @@ def modelled(inner):
             raise
         except (pytest.fail.Exception, Exception) as e:
             inside = [d.id for d in filed if ledger_cases.inside(d.id, drawn, calls)]
-            why = [w for w in (ledger_models.explains(eid, recorded) for eid in inside) if w]
+            why = [w for w in (ledger_models.explains(eid, recorded, str(e)) for eid in inside) if w]
             if inside and len(why) == len(inside):
                 first = str(e).strip().splitlines()[0] if str(e).strip() else ""
                 # raised at once: the check's pairing catches each side's failure itself, per example

@@ -55,7 +55,7 @@ def attempt(entry_id: str, engine) -> tuple[str, str]:
         said = f"{type(e).__name__}: {first}"
         if not re.search(rule.signature, said):
             return OTHER, f"failed without {entry_id}'s signature /{rule.signature}/: {said[:300]}"
-        why = ledger_models.explains(entry_id, recorded)
+        why = ledger_models.explains(entry_id, recorded, str(e))
         return (OTHER, f"{why}; {said[:200]}") if why else (REPRODUCED, said)
     return PASSED, ""
 

@@ -172,6 +172,14 @@ def fp8_kv_entry(x: torch.Tensor, scale: float, kv_cache_dtype: str) -> torch.Te
         raise ValueError(f"x: expected a floating dtype, got {x.dtype}")
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale: expected finite and > 0, got {scale}")
+    return fp8_quotient_bytes(x, scale, kv_cache_dtype)
+
+
+def fp8_quotient_bytes(x: torch.Tensor, scale: float, kv_cache_dtype: str) -> torch.Tensor:
+    """`fp8_kv_entry`'s formula for any scale, 0 and non-finite ones included: the fp32 quotient x / scale
+    (+-inf for a zero scale, +-0 for an infinite one, NaN for 0 / 0), saturated to the format's largest finite
+    value (NaN stays NaN), rounded to nearest even. These are the bytes a saturating conversion writes when it
+    is handed a bad scale (oracles/ledger.py K3N-014); uint8, x's shape."""
     fmt = FP8_KV_FORMATS[kv_cache_dtype]
     big = torch.finfo(fmt).max
     q = x.detach().to(torch.float32).cpu() / torch.tensor(scale, dtype=torch.float32)

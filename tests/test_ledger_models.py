@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from k3num.engines import base, registry
-from k3num.harness import fixes, ledger_cases, ledger_models
+from k3num.harness import fixes, judges, ledger_cases, ledger_models
 from k3num.oracles import ledger, pairing
 from k3num.properties import test_ledger_reproducers as reproducers
 from k3num.supply import fetch
@@ -264,6 +264,93 @@ def test_k3n_007s_model_finds_any_raced_set_beyond_the_exhaustive_width(hidden: 
         tree = fixes.patched_tree(fixes.by_id("rocm-score-norm-block-d"), tmp_path / "v")
         planted = registry.get("vllm-rocm", {"vllm": tree}, "source")
         assert "from every delta-twice variant" in ledger_models.delta_applied_twice([_rocm_call(planted, hidden, 5)])
+
+
+def _residual_call(hidden: int, nvb: int):
+    """SGLang's model aggregation as the off-grid property calls it (poisoned memory), recorded."""
+    from k3num.harness import ledger_run
+    from k3num.properties.checks import poisoned_memory
+
+    calls: list = []
+    engine = ledger_run.record_calls(_engine("sglang"), (base.ATTN_RES_RESIDUAL,), calls)
+    with pytest.raises(AssertionError, match="over budget"):
+        poisoned_memory.check_poisoned_mixture(engine, base.ATTN_RES_RESIDUAL, 2, hidden, nvb, 3,
+                                               bank_rows=nvb + -(-1024 // hidden) + 1, prop="k3n_008")
+    return calls[-1]
+
+
+@pytest.mark.parametrize("hidden", [96, 1536])
+def test_k3n_008s_model_explains_the_unwritten_tail_and_rejects_a_written_one_or_a_finite_wrong_row(hidden: int):
+    """K3N-008's model on SGLang's own aggregation (Triton interpreter): its output at an off-grid hidden size is
+    explained (the columns past (H // 1024) * 1024 still the allocation's NaN, the ones before NaN from reads
+    past the row); a planted write of the tail is not; at 1536, written columns holding the oracle's mixture
+    are explained and the same columns scaled by 1.5 are not."""
+    c = _residual_call(hidden, 2)
+    assert ledger_models.unwritten_past_the_grid([c]) == ""
+    tail = c.out.clone()
+    tail[:, -1] = 0.5
+    assert "were written" in ledger_models.unwritten_past_the_grid([dataclasses.replace(c, out=tail)])
+    if hidden > ledger_models.GRID:
+        prefix, bank, nvb, norm, proj, out_norm, eps = c.args
+        want, _ = judges.residual_mixture(c.engine, prefix, bank.nan_to_num(0.0), nvb, norm, proj, out_norm, eps)
+        right, wrong = c.out.clone(), c.out.clone()
+        right[:, :1024] = want[:, :1024].to(right.dtype)
+        wrong[:, :1024] = (1.5 * want[:, :1024]).to(wrong.dtype)
+        assert ledger_models.unwritten_past_the_grid([dataclasses.replace(c, out=right)]) == ""
+        why = ledger_models.unwritten_past_the_grid([dataclasses.replace(c, out=wrong)])
+        assert "neither the mixture within its budget nor NaN" in why
+
+
+def _fp8_insert_failure(engine, bad: float, fmt: str) -> str:
+    """The FP8 bad-scale insert property's failure message on `engine` (its bare body, one layer)."""
+    import inspect
+
+    from k3num.properties import test_context_kv_ops as ops_props
+
+    body = inspect.unwrap(ops_props.test_fp8_insert_with_a_zero_or_nonfinite_scale_refuses_or_poisons_visibly
+                          .hypothesis.inner_test)
+    with pytest.raises(pytest.fail.Exception) as got:
+        body(engine=engine, seed=0, layers=1, tokens=5, fmt=fmt, bad=bad, grouped=False)
+    return str(got.value)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("bad", [0.0, float("-inf")])
+def test_k3n_014s_model_explains_saturated_bytes_and_rejects_an_insert_that_ignores_the_scale(bad: float, fmt: str):
+    """K3N-014's model (the layer's slots hold x / scale saturated, as the insert property states it): the
+    mirror's insert planted without its scale check (tests/mutants.py fp8_bad_scale_saturated, the finding's
+    arithmetic) is explained; a planted insert that writes x / 1 for a bad scale (plausible bytes, another
+    bug) fails the same property and is not explained."""
+    from tests import mutants
+
+    saturated = mutants.build("fp8_bad_scale_saturated")
+    said = _fp8_insert_failure(saturated, bad, fmt)
+    assert ledger_models.explains("K3N-014", [], said) == "", said
+
+    class IgnoresTheScale(type(saturated.extras["context_kv_ops"])):
+        def insert_per_layer(self, kv_c, k_pe, cache, slots, kv_cache_dtype="auto", scale=None):
+            if kv_cache_dtype != "auto" and not bool(torch.isfinite(scale).all() and (scale > 0).all()):
+                scale = torch.ones_like(scale)
+            return super().insert_per_layer(kv_c, k_pe, cache, slots, kv_cache_dtype, scale)
+
+    ignoring = dataclasses.replace(saturated, extras={**saturated.extras,
+                                                      "context_kv_ops": IgnoresTheScale("fp8_bad_scale_saturated")})
+    said = _fp8_insert_failure(ignoring, bad, fmt)
+    why = ledger_models.explains("K3N-014", [], said)
+    assert "not K3N-014's bug" in why and "bytes are not x / scale saturated" in why, why
+
+
+def test_the_quotient_bytes_of_a_bad_scale_are_the_formats_saturated_values():
+    """refmodel.quant.fp8_quotient_bytes, in closed form: a zero scale gives +-max (e4m3 0x7E / 0xFE, e5m2 0x7B /
+    0xFB) and NaN for a zero element; an infinite one gives +-0 (0x00 / 0x80)."""
+    from k3num.refmodel import quant
+
+    x = torch.tensor([1.5, -2.0, 0.0], dtype=torch.bfloat16)
+    assert quant.fp8_quotient_bytes(x, 0.0, "fp8_e4m3")[:2].tolist() == [0x7E, 0xFE]
+    assert quant.fp8_quotient_bytes(x, 0.0, "fp8_e5m2")[:2].tolist() == [0x7B, 0xFB]
+    assert bool(torch.isnan(quant.fp8_quotient_bytes(x, 0.0, "fp8_e4m3").view(torch.float8_e4m3fn).float()[2]))
+    assert quant.fp8_quotient_bytes(x, float("inf"), "fp8_e4m3")[:2].tolist() == [0x00, 0x80]
+    assert quant.fp8_quotient_bytes(x, 2.0, "fp8_e4m3").tolist() == quant.fp8_kv_entry(x, 2.0, "fp8_e4m3").tolist()
 
 
 def test_the_recorder_keeps_every_new_output_past_its_limit_and_marks_what_it_dropped():

@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--device", default="cpu", help="device of the stored inputs (default cpu)")
     r.set_defaults(func=cmd_replay)
     rp = sub.add_parser("repro", help="write the repro bundle(s) of a ledger entry's reproducer")
-    rp.add_argument("entry", help="a ledger entry id, e.g. K3N-006")
+    rp.add_argument("entry", help="a ledger entry id (oracles/ledger.py)")
     rp.add_argument("--out", required=True, help="directory for the bundles")
     rp.add_argument("--profile", default="ci", help="hypothesis profile of the run (default ci)")
     rp.set_defaults(func=cmd_repro)

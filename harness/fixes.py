@@ -102,7 +102,7 @@ def barrier_before_prefix_store(text: str, path: str) -> str:
     if store is None:
         raise FixError(f"{path}: no tl.store( after the prefix cast")
     indent = re.match(r"^(\s*)", lines[store]).group(1)
-    lines.insert(store, f"{indent}tl.debug_barrier()  # k3num fix K3N-007\n")
+    lines.insert(store, f"{indent}tl.debug_barrier()  # k3num fix\n")
     return "".join(lines)
 
 
@@ -123,7 +123,7 @@ def refuse_bank_indices_outside_the_bank(text: str, path: str) -> str:
     check = "0 <= num_blocks <= blocks.shape[1] and -1 <= block_write_idx < blocks.shape[1]"
     lines.insert(i + 1, f"{indent}if not ({check}):\n"
                         f"{indent}    raise ValueError(f'attn_res: num_blocks {{num_blocks}} / block_write_idx "
-                        f"{{block_write_idx}} outside the bank of {{blocks.shape[1]}} rows')  # k3num fix K3N-009\n")
+                        f"{{block_write_idx}} outside the bank of {{blocks.shape[1]}} rows')  # k3num fix\n")
     return "".join(lines)
 
 
@@ -289,7 +289,7 @@ def rocm_tap_mixes_the_next_layer(text: str, path: str) -> str:
     ind = re.match(r"^(\s*)", lines[i]).group(1)
     body = [
         "if (self.config.attn_res_block_size is not None and envs.VLLM_KIMI_K3_AUX_ATTN_RES_STREAM",
-        "        and residual is not None and layer_idx in self.aux_hidden_state_layers):  # k3num fix K3N-001/002",
+        "        and residual is not None and layer_idx in self.aux_hidden_state_layers):  # k3num fix",
         "    mixing = None",
         "    if layer_idx < self.end_layer:",
         "        consumer = self.layers[layer_idx]",
@@ -399,23 +399,26 @@ class Fix:
     around: tuple[str, ...] = ()
 
 
-FIXES: tuple[Fix, ...] = (
-    Fix("K3N-001/002", "vllm", ((ROCM_LINEAR, rocm_tap_mixes_the_next_layer),), ("vllm-rocm",),
-        ("properties/test_aux_tap.py::test_branch1_tap_mixes_with_the_next_layers_weights_and_blocks",
-         "properties/test_aux_tap.py::test_branch2_tap_on_the_last_rank_mixes_with_the_output_weights"),
-        around=("test_a_decided_token_never_flips", "test_a_block_without_a_near_tie_is_accepted_whole")),
-    Fix("K3N-004/005", "vllm", ((VLLM_ATTN_RES, barrier_under_write_block), (ROCM_ATTN_RES, barrier_under_write_block)),
-        ("vllm", "vllm-rocm"),
-        ("properties/test_attn_res.py::test_a_block_written_in_the_call_is_mixed_with_its_written_value",), gpu=True),
-    Fix("K3N-007", "vllm", ((ROCM_ATTN_RES, barrier_before_prefix_store),), ("vllm-rocm",),
-        ("properties/test_attn_res.py::test_attn_res_within_rounding_budget_of_oracle",
-         "properties/test_determinism.py::test_attn_res_in_place_prefix_rewrite_is_deterministic"), gpu=True),
-    Fix("K3N-008", "sglang", ((SGLANG_ATTN, aggregate_fused_through_dispatch),), ("sglang",),
-        ("properties/test_off_path_shapes.py::test_model_aggregation_off_grid_hidden_within_budget_or_refused",)),
-    Fix("K3N-009/010", "vllm", ((VLLM_ATTN_RES, refuse_bank_indices_outside_the_bank),
-                                (ROCM_ATTN_RES, refuse_bank_indices_outside_the_bank)), ("vllm", "vllm-rocm"),
-        ("properties/test_off_path_shapes.py::test_attn_res_bank_indices_outside_the_bank_are_refused",)),
-)
+def __getattr__(name: str):
+    """`FIXES`: the ledger entries' fixes (harness/ledger_entries: each entry's own module holds its fix), in entry
+    order, read lazily (those modules import this one for `Fix` and the edits)."""
+    if name == "FIXES":
+        return ledger_fixes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def ledger_fixes() -> tuple[Fix, ...]:
+    """Every fix a ledger entry carries (one fix may cover two entries: its id names both, "A/B")."""
+    from k3num.harness import ledger_entries
+
+    return ledger_entries.fixes()
+
+
+def entry_plants() -> tuple[Fix, ...]:
+    """The bugs planted to be judged around an entry's fix (harness/around.py), from the entries' own modules."""
+    from k3num.harness import ledger_entries
+
+    return ledger_entries.plants()
 
 
 # deliberately broken kernels (the hunt's families that only a kernel edit can show): each must make
@@ -483,9 +486,7 @@ FRESH: tuple[Fix, ...] = (
     Fix("accumulator-control", "tokenspeed", ((TOKENSPEED_CONTEXT, comment_only(TOKENSPEED_CONTEXT)),), ("tokenspeed",),
         ()),
     Fix("attn-res-control", "vllm", ((VLLM_ATTN_RES, comment_only(VLLM_ATTN_RES)),), ("vllm",), ()),
-    # a second bug on vllm-rocm, where K3N-001 owns the token properties: judged around K3N-001's fix
-    Fix("rocm-score-unnormalized", "vllm", ((ROCM_ATTN_RES, score_without_source_rms),), ("vllm-rocm+fix-K3N-001",),
-        ("properties/test_draft_tokens.py",)),
+    # a second bug on vllm-rocm judged around the ROCm tap's fix: harness/ledger_entries (the entry's `plants`)
     Fix("rocm-attn-res-control", "vllm", ((ROCM_ATTN_RES, comment_only(ROCM_ATTN_RES)),), ("vllm-rocm",), ()),
     # one more bf16 rounding on another engine and path than TokenSpeed's (issue 38): the rounding contract
     # holds vLLM's AttnRes to its stated roundings; the accuracy property's budget does not see it
@@ -514,7 +515,7 @@ HELD_OUT: tuple[Fix, ...] = (
 
 
 def by_id(fix_id: str) -> Fix:
-    every = FIXES + TREE_MUTANTS + DRIFTS + PLANTED + FRESH + LATENT + HELD_OUT
+    every = ledger_fixes() + entry_plants() + TREE_MUTANTS + DRIFTS + PLANTED + FRESH + LATENT + HELD_OUT
     for f in every:
         if f.id == fix_id:
             return f

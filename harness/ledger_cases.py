@@ -1,4 +1,5 @@
-"""The part of the input space each ledger entry (oracles/ledger.py) covers, and its reproducer.
+"""The part of the input space each ledger entry (oracles/ledger.py) covers, and its reproducer: the machinery.
+Each entry's own rule lives in its module, harness/ledger_entries/k3n_NNN.py (`CASES` reads them).
 
 An entry's `inside` says whether a failing example of one of its tests is one its finding explains. A
 rule reads either the test's drawn arguments by name (`case`, `hidden`, `layers`, ...) with its
@@ -20,13 +21,12 @@ xfail. A fix turns that case red on the pinned release, and the entry must go.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from k3num.engines import base
-from k3num.fixtures.strategies import SEED_003_TRANSFER, AttnResCase, KVTransferCase, ProjectionCase, TapCase
+from k3num.fixtures.strategies import AttnResCase, KVTransferCase
 
 K3_WIDTH = 576  # a DSpark draft layer's context-KV rows (kv_lora 512 + rope 64)
 
@@ -85,27 +85,24 @@ class LedgerCase:
         return AttnResCall.of_case(self.reproducer["case"]) if self.call else self.reproducer
 
 
-def _every(_: dict[str, Any]) -> bool:
+def every(_: dict[str, Any]) -> bool:
+    """The rule of an entry whose finding is that the tested branch itself is wrong: every case is inside."""
     return True
 
 
-def _write_race(call: AttnResCall) -> bool:
+def write_race(call: AttnResCall) -> bool:
+    """A bank write inside the mixed rows, no delta (the kernels' barrier is emitted under HAS_DELTA only)."""
     return 0 <= call.block_write_idx < call.num_blocks and not call.with_delta
 
 
-def _delta_race(call: AttnResCall) -> bool:
+def delta_race(call: AttnResCall) -> bool:
+    """A delta with the 4-source tile: at least two blocks, fewer than 256 tokens."""
     return call.with_delta and call.num_blocks >= 2 and call.tokens < 256
 
 
-K3N_004 = AttnResCase(tokens=1, hidden=32, bank=2, num_blocks=2, block_write_idx=0, with_delta=False,
-                      with_output_norm=False, seed=0, scale=0.01, outliers=30.0)
-K3N_005 = AttnResCase(tokens=1, hidden=32, bank=2, num_blocks=2, block_write_idx=0, with_delta=False,
-                      with_output_norm=False, seed=7, scale=1.0, outliers=30.0)
-K3N_007 = AttnResCase(tokens=1, hidden=128, bank=4, num_blocks=4, block_write_idx=-1, with_delta=True,
-                      with_output_norm=True, seed=0, scale=0.01, outliers=30.0)
 EVERY_TAP = "every case: the branch itself is wrong on ROCm (the tap ignores the stream flag / the stage end)"
 EVERY_BANK = "every case: the test draws only bank indices outside the bank, which the wrapper accepts"
-# the no_model reasons: why the entry's region rule decides alone
+# the no_model reasons shared by entries: why the entry's region rule decides alone
 RACE_NO_MODEL = ("no finite model explains every raced output (GPU run 112, scripts/collect_write_race.py): 300 "
                  "calls per case on vllm and vllm-rocm; the raced outputs are the mixture whose softmax normalizer "
                  "takes the written row's score from before the store (and, at hidden 128, its values and score "
@@ -116,84 +113,28 @@ RACE_NO_MODEL = ("no finite model explains every raced output (GPU run 112, scri
 REFUSAL_NO_MODEL = "the finding is that no refusal was raised: the signature (the test's own refusal message) is it"
 
 
-CASES: dict[str, LedgerCase] = {
-    "K3N-001": LedgerCase(EVERY_TAP, _every, "test_branch1_tap_mixes_with_the_next_layers_weights_and_blocks",
-                          {"case": TapCase(2, 1, 2, 0, 1, 16, 0)},
-                          signature=r"AssertionError: branch1_next_layer_mixture \[vllm-rocm .*\] aux_capture "),
-    "K3N-002": LedgerCase(EVERY_TAP, _every, "test_branch2_tap_on_the_last_rank_mixes_with_the_output_weights",
-                          {"case": TapCase(2, 1, 1, 0, 1, 16, 0)},
-                          signature=r"AssertionError: branch2_output_mixture \[vllm-rocm .*\] aux_capture "),
-    "K3N-003": LedgerCase(EVERY_TAP, _every, "test_branch3_non_final_stage_raises_when_configured_to",
-                          {"case": TapCase(2, 1, 1, 0, 1, 16, 0)}, signature=r"^Failed: DID NOT RAISE",
-                          no_model=REFUSAL_NO_MODEL),
-    # the races: a repeat of the same call tells them apart from a one-off; the reproducer is the repeat
-    # property (152 calls on the GPU), where K3N-004 fails 7 calls in 200
-    "K3N-004": LedgerCase("a bank write inside [0, num_blocks), no delta (the barrier is emitted under HAS_DELTA "
-                          "only)", _write_race, "test_attn_res_repeated_calls_are_bitwise_identical",
-                          {"case": K3N_004}, call=base.ATTN_RES,
-                          signature=r"deterministic_across_calls \[vllm .*\] attn_res .*distinct of",
-                          no_model=RACE_NO_MODEL),
-    "K3N-005": LedgerCase("a bank write inside [0, num_blocks), no delta (as K3N-004, ROCm kernel)", _write_race,
-                          "test_attn_res_repeated_calls_are_bitwise_identical", {"case": K3N_005}, call=base.ATTN_RES,
-                          signature=r"deterministic_across_calls \[vllm-rocm .*\] attn_res .*distinct of",
-                          no_model=RACE_NO_MODEL),
-    "K3N-006": LedgerCase("every case: the test's taps cancel by construction, and every tap's projection is "
-                          "rounded to bf16", _every,
-                          "test_sharded_adds_no_rounding_beyond_its_partials_when_taps_cancel",
-                          {"case": ProjectionCase(taps=2, tokens=1, hidden=16, hidden_out=16, stages=((0, 1),),
-                                                  order=(0,), seed=0, scale=0.01, outliers=0.0),
-                           "transfer": "fp32"},
-                          signature=r"AssertionError: sharded_adds_no_rounding_when_taps_cancel \[tokenspeed "),
-    "K3N-007": LedgerCase("a delta with the 4-source tile: num_blocks >= 2, fewer than 256 tokens", _delta_race,
-                          "test_attn_res_repeated_calls_are_bitwise_identical", {"case": K3N_007}, call=base.ATTN_RES,
-                          signature=r"deterministic_across_calls \[vllm-rocm .*\] attn_res .*distinct of"),
-    "K3N-008": LedgerCase("a hidden size off the 1024 grid (hidden % 1024 != 0)",
-                          lambda a: a["hidden"] % 1024 != 0,
-                          "test_model_aggregation_off_grid_hidden_within_budget_or_refused",
-                          {"tokens": 1, "hidden": 96, "nvb": 1, "seed": 0},
-                          signature=(r"off_path_shape_within_budget \[sglang .*\] attn_res_residual "
-                                     r".*elements over budget")),
-    "K3N-009": LedgerCase(EVERY_BANK, _every, "test_attn_res_bank_indices_outside_the_bank_are_refused",
-                          {"bank": 2, "over": 1, "which": "num_blocks", "seed": 0},
-                          signature=r"^Failed: vllm accepted (num_blocks|block_write_idx)=\d+ with a bank of \d+ rows",
-                          no_model=REFUSAL_NO_MODEL),
-    "K3N-010": LedgerCase(EVERY_BANK, _every, "test_attn_res_bank_indices_outside_the_bank_are_refused",
-                          {"bank": 2, "over": 1, "which": "num_blocks", "seed": 0},
-                          signature=r"^Failed: vllm-rocm accepted (num_blocks|block_write_idx)=\d+ with a bank of "
-                                    r"\d+ rows", no_model=REFUSAL_NO_MODEL),
-    "K3N-011": LedgerCase("shards that are not whole blocks (width % 128 != 0) and a second layer to misplace",
-                          lambda a: a["width"] % 128 != 0 and a["layers"] >= 2,
-                          "test_block_fp8_merged_shards_dequantize_to_the_per_layer_weights",
-                          {"layers": 5, "width": K3_WIDTH, "hidden": 256, "data": None, "seed": 0},
-                          # the entry's own pattern of wrong rows per layer (its `what`): the model, as the message
-                          signature=r"differs from the per-layer weights in \[0, 320, 0, 320, 0\] rows per layer",
-                          no_model="the reproducer's signature is the model: the rows wrong per layer that "
-                                   "adjust_block_scale_shard's placement predicts, [0, 320, 0, 320, 0]; drawn cases "
-                                   "other than the reproducer's are judged by the region rule"),
-    "K3N-012": LedgerCase("per-layer scales (not shared) and a second layer to rescale",
-                          lambda a: not a["shared"] and a["layers"] >= 2,
-                          "test_nvfp4_merged_shards_dequantize_to_the_per_layer_weights",
-                          {"layers": 5, "width": K3_WIDTH, "shared": False, "data": None, "seed": 0,
-                           "naming": "compressed-tensors"},
-                          signature=r"differs from the per-layer weights in \[0, 576, 576, 576, 576\] rows per layer",
-                          no_model="the reproducer's signature is the model: every layer but the max-scale one "
-                                   "rescaled, [0, 576, 576, 576, 576] rows wrong; drawn cases other than the "
-                                   "reproducer's are judged by the region rule"),
-    "K3N-013": LedgerCase("the prefill's and the decode's KV heads per rank differ and the decode's item lengths "
-                          "are not published to the sender (the worker's send_kvcache path)",
-                          lambda a: _heads_differ(a["case"]) and not a["case"].publish_lens,
-                          "test_kv_transfer_copies_exactly_the_head_aware_plan_or_is_refused",
-                          {"case": SEED_003_TRANSFER},
-                          # the flat plan's first entry (src, dst, length): seed 003's numbers
-                          signature=r"planned \[\(1000000, 2065536, 32768\)",
-                          no_model="the reproducer's signature is the model: the flat plan (1000000, 2065536, "
-                                   "32768) where the head-aware plan writes 16384 bytes at 2032768"),
-    "K3N-014": LedgerCase("the bad scale is 0 or infinite (a NaN scale poisons every byte, visibly)",
-                          lambda a: a["bad"] == 0.0 or math.isinf(a["bad"]),
-                          "test_fp8_insert_with_a_zero_or_nonfinite_scale_refuses_or_poisons_visibly",
-                          {"seed": 0, "layers": 1, "tokens": 1, "fmt": "fp8_e4m3", "bad": 0.0, "grouped": False},
-                          signature=r"scale 0\.0 was taken: \d+ of \d+ bytes in its slots are not NaN"),
-}
+def __getattr__(name: str) -> Any:
+    """`CASES` (entry id -> LedgerCase) and `CHECKPOINT_RULES` (entry id -> CheckpointRule): read from the entries'
+    own modules (harness/ledger_entries), lazily, as those modules import this one."""
+    if name == "CASES":
+        return cases()
+    if name == "CHECKPOINT_RULES":
+        return checkpoint_rules()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def cases() -> dict[str, LedgerCase]:
+    """Every entry's case rule, by entry id (harness/ledger_entries)."""
+    from k3num.harness import ledger_entries
+
+    return ledger_entries.rules()
+
+
+def checkpoint_rules() -> dict[str, CheckpointRule]:
+    """The entries' rules for a user's own checkpoint (`--checkpoint`), by entry id (harness/ledger_entries)."""
+    from k3num.harness import ledger_entries
+
+    return ledger_entries.checkpoint_rules()
 
 
 @dataclass(frozen=True)
@@ -208,12 +149,14 @@ class CheckpointRule:
     meaning: str
 
 
-def _block_fp8_not_whole_blocks(c: Any) -> bool:
+def block_fp8_not_whole_blocks(c: Any) -> bool:
+    """A block-FP8 DSpark draft with a second layer whose per-layer context-KV width is not whole 128-row blocks."""
     g = c.draft_geometry()
     return c.is_draft and c.quant == "fp8" and g.kv_width % 128 != 0 and g.num_layers >= 2
 
 
-def _nvfp4_per_layer_scales(c: Any) -> bool:
+def nvfp4_per_layer_scales(c: Any) -> bool:
+    """An NVFP4 DSpark draft whose layers carry their own global scales."""
     if not (c.is_draft and c.quant in ("nvfp4-ct", "nvfp4-modelopt")):
         return False
     key = "weight_global_scale" if c.quant == "nvfp4-ct" else "weight_scale_2"
@@ -222,36 +165,28 @@ def _nvfp4_per_layer_scales(c: Any) -> bool:
 
 
 CHECKPOINT_TEST = "test_checkpoint_quantized_shards_load_as_the_per_layer_weights"
-CHECKPOINT_RULES: dict[str, CheckpointRule] = {
-    "K3N-011": CheckpointRule(CHECKPOINT_TEST, _block_fp8_not_whole_blocks,
-                              "vLLM 0.33.0 would load this block-FP8 draft's merged context-KV weight with block "
-                              "scales misplaced (its per-layer width is not a multiple of 128): some layers' context "
-                              "KV would come from wrongly scaled rows"),
-    "K3N-012": CheckpointRule(CHECKPOINT_TEST, _nvfp4_per_layer_scales,
-                              "vLLM 0.33.0 would keep one per-tensor scale for this NVFP4 draft's merged context-KV "
-                              "weight while its layers carry their own: every layer but one is loaded rescaled"),
-}
 
 
-def _heads_differ(case: KVTransferCase) -> bool:
+def heads_differ(case: KVTransferCase) -> bool:
+    """The prefill's and the decode's KV heads per rank differ."""
     per_rank = lambda tp: max(1, case.heads // tp)  # noqa: E731 (refmodel.transfer_plan.KVLayout.heads_per_rank)
     return per_rank(case.src_tp) != per_rank(case.dst_tp)
 
 
-def incomplete(entries, cases: dict[str, LedgerCase] | None = None) -> list[str]:
+def incomplete(entries, rules: dict[str, LedgerCase] | None = None) -> list[str]:
     """What each entry's record lacks: a case rule, a reproducer signature, a bug model
     (harness/ledger_models.py) or the reason it has none (tests/test_ledger_models.py holds the ledger to [])."""
     from k3num.harness import ledger_models
 
-    cases = CASES if cases is None else cases
+    rules = cases() if rules is None else rules
     out = []
     for d in entries:
-        c = cases.get(d.id)
+        c = rules.get(d.id)
         if c is None:
-            out.append(f"{d.id}: no case rule in harness/ledger_cases.py")
+            out.append(f"{d.id}: no case rule (its module in harness/ledger_entries)")
         elif not c.signature:
             out.append(f"{d.id}: no reproducer signature")
-        elif d.id not in ledger_models.MODELS and not c.no_model:
+        elif d.id not in ledger_models.models() and not c.no_model:
             out.append(f"{d.id}: no bug model and no reason for none (no_model)")
     return out
 
@@ -259,15 +194,15 @@ def incomplete(entries, cases: dict[str, LedgerCase] | None = None) -> list[str]
 def reads_the_drawn_case(entry_id: str) -> bool:
     """Whether the entry's rule reads the drawn arguments (not every case, not a call): its tests must run
     what they drew (tests/test_ledger_resolution.py)."""
-    c = CASES[entry_id]
-    return c.inside is not _every and not c.call
+    c = cases()[entry_id]
+    return c.inside is not every and not c.call
 
 
 def inside(entry_id: str, drawn: dict[str, Any], calls: dict[str, Any] | None = None) -> bool:
     """Whether a failing example, with these drawn arguments and (`calls`) the view of the last call it made
     to each subject of CALL_VIEWS, is one the entry covers (KeyError: an entry without a rule). An entry
     whose rule reads a call covers no example that never made that call."""
-    c = CASES[entry_id]
+    c = cases()[entry_id]
     if not c.call:
         return bool(c.inside(drawn))
     made = (calls or {}).get(c.call)

@@ -26,8 +26,9 @@ in place) and its output.
 
 Where a rounding's input lies within the float32 accumulation error of a rounding boundary, the model
 cannot say which neighbour the engine takes: both are allowed there (`_ambiguous_ulp`), so an exact
-contract holds on real code and one more bf16 rounding anywhere else is outside it. Entries with no
-model here say why in ledger_cases.CASES (`no_model`); their region rule alone decides.
+contract holds on real code and one more bf16 rounding anywhere else is outside it. The model functions
+are here, each named by what it computes; an entry binds its own in its module (harness/ledger_entries), and
+an entry without one says why there (`no_model`); its region rule alone decides.
 
 Shapes: as engines/base.py's subject signatures.
 """
@@ -445,23 +446,18 @@ class BugModel:
     reads_failure: bool = False
 
 
-MODELS: dict[str, BugModel] = {
-    "K3N-001": BugModel((base.AUX_CAPTURE,), tap_returns_the_prefix,
-                        "the tap returns bf16(prefix_sum + pending) where the next layer's mixture belongs"),
-    "K3N-002": BugModel((base.AUX_CAPTURE,), tap_returns_the_prefix,
-                        "the tap returns bf16(prefix_sum + pending) where the output mixture belongs"),
-    "K3N-007": BugModel((base.ATTN_RES,), delta_applied_twice,
-                        "the prefix source read back after the kernel's own store: a set of 32-element segments "
-                        "with the delta applied twice"),
-    "K3N-008": BugModel((base.ATTN_RES_RESIDUAL,), unwritten_past_the_grid,
-                        "the columns at and past (H // 1024) * 1024 never written, the ones before read over whole "
-                        "1024-element chunks past the row"),
-    "K3N-014": BugModel((), quotient_saturated, "every byte of the layer's slots x / scale saturated (+-max for a "
-                        "zero scale, +-0 for an infinite one)", reads_failure=True),
-    "K3N-006": BugModel((base.STAGE_PARTIAL, base.FINALIZE_PROJECTION), tap_projections_rounded_to_bf16,
-                        "each tap's projection rounded to bf16, summed in float32; the sum rounded to bf16 "
-                        "before the norm"),
-}
+def __getattr__(name: str) -> Any:
+    """`MODELS` (entry id -> BugModel): read from the entries' own modules (harness/ledger_entries), lazily."""
+    if name == "MODELS":
+        return models()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def models() -> dict[str, BugModel]:
+    """Every entry's bug model, by entry id (an entry without one says why in its case rule's `no_model`)."""
+    from k3num.harness import ledger_entries
+
+    return ledger_entries.models()
 
 
 TRUNCATED = "(calls past the recorder's limit)"  # harness/ledger_run.record_calls's mark: outputs not kept
@@ -471,7 +467,7 @@ def explains(entry_id: str, calls: list[Call], failure: str = "") -> str:
     """'' where the entry's model explains these calls, or (a model that reads it) the failure's message `failure`
     (an entry without a model: its region decides), else why not, naming the entry. Where the recorder dropped
     calls (TRUNCATED), not explained: the model never saw every output."""
-    model = MODELS.get(entry_id)
+    model = models().get(entry_id)
     if model is None:
         return ""
     if model.reads_failure:

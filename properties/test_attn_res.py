@@ -9,8 +9,13 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from k3num.fixtures.builders import attn_res_inputs
-from k3num.fixtures.strategies import AttnResCase, attn_res_cases
-from k3num.harness.ledger_cases import K3N_004, K3N_005, K3N_007  # noqa: F401
+from k3num.fixtures.strategies import (
+    DELTA_OVER_FOUR_SOURCES,
+    WRITE_IN_THE_MIX,
+    WRITE_IN_THE_MIX_UNIT,
+    AttnResCase,
+    attn_res_cases,
+)
 from k3num.properties.checks.attn_res import FLAKY_REPEATS, admitted, as_admitted, check_attn_res_within_rounding_budget
 from k3num.properties.checks.attn_res import call_attn_res as _call
 from k3num.properties.support import DEVICE, LOW, assert_bitwise, round_storage
@@ -23,20 +28,20 @@ WRITE_REPEATS = 4
 
 
 @given(case=attn_res_cases())
-@example(case=K3N_007)  # K3N-007 (GPU, vllm-rocm)
+@example(case=DELTA_OVER_FOUR_SOURCES)  # K3N-007 (GPU, vllm-rocm)
 def test_attn_res_within_rounding_budget_of_oracle(engine, case: AttnResCase) -> None:
     """The calls the model makes: no bank write, or a write at or past num_blocks (the decoder layer
     writes the completed block at index num_blocks), so the written row is not a source."""
     if 0 <= case.block_write_idx < case.num_blocks:
         case = dataclasses.replace(case, block_write_idx=case.num_blocks if case.num_blocks < case.bank else -1)
     case = as_admitted(engine, case)  # a write past num_blocks, where the engine allows only appending ones
-    for attempt in range(FLAKY_REPEATS if case == K3N_007 else 1):  # fresh inputs each time
+    for attempt in range(FLAKY_REPEATS if case == DELTA_OVER_FOUR_SOURCES else 1):  # fresh inputs each time
         check_attn_res_within_rounding_budget(engine, case, DEVICE, climb=attempt == 0)
 
 
 @given(case=attn_res_cases())
-@example(case=K3N_004)  # K3N-004 (GPU)
-@example(case=K3N_005)  # K3N-005 (GPU)
+@example(case=WRITE_IN_THE_MIX)  # K3N-004 (GPU)
+@example(case=WRITE_IN_THE_MIX_UNIT)  # K3N-005 (GPU)
 def test_a_block_written_in_the_call_is_mixed_with_its_written_value(engine, case: AttnResCase) -> None:
     """A write inside the mixed range [0, num_blocks): the kernel's signature allows it (the model
     never makes it); the oracle's order is write, then mix, so the mixture reads the (updated) prefix

@@ -17,13 +17,15 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from k3num.engines import base
-from k3num.fixtures.strategies import (
+from k3num.fixtures.strategies import (  # the race cases: the ledger's race entries reproduce with them
+    DELTA_OVER_FOUR_SOURCES,
+    WRITE_IN_THE_MIX,
+    WRITE_IN_THE_MIX_UNIT,
     AttnResCase,
     attn_res_cases,
     draft_kv_cases,
 )
 from k3num.harness.coverage import determinism_declared
-from k3num.harness.ledger_cases import K3N_004, K3N_005, K3N_007  # the ledger's race reproducers
 from k3num.oracles import hunt
 from k3num.properties.checks.attn_res import as_admitted
 from k3num.properties.checks.determinism import KERNEL_SUBJECTS, check_deterministic, without_determinism
@@ -34,7 +36,7 @@ from k3num.properties.support import DEVICE, shardable, subject
 
 # lead 2 (issue 13): the NVIDIA kernel with num_blocks 0 and the output norm at hidden <= 128, where
 # replicated register copies of the prefix feed the norm while the prefix is rewritten in place
-LEAD_2 = dataclasses.replace(K3N_007, num_blocks=0)
+LEAD_2 = dataclasses.replace(DELTA_OVER_FOUR_SOURCES, num_blocks=0)
 
 
 # attn_res has its own test below, with the ledger's race reproducers as explicit examples; a subject added after
@@ -66,9 +68,9 @@ def test_dflash_materialized_kv_repeated_calls_are_bitwise_identical(engine, cas
 
 @shardable
 @given(case=attn_res_cases())
-@example(case=K3N_004)
-@example(case=K3N_005)
-@example(case=K3N_007)
+@example(case=WRITE_IN_THE_MIX)
+@example(case=WRITE_IN_THE_MIX_UNIT)
+@example(case=DELTA_OVER_FOUR_SOURCES)
 def test_attn_res_repeated_calls_are_bitwise_identical(engine, case: AttnResCase) -> None:
     """Every call the kernel's signature allows (in the form the engine takes: test_attn_res.as_admitted),
     the ledger's race reproducers first."""
@@ -81,7 +83,7 @@ def test_attn_res_repeated_calls_are_bitwise_identical(engine, case: AttnResCase
 @shardable
 @pytest.mark.gpu
 @given(case=attn_res_cases())
-@example(case=K3N_007)
+@example(case=DELTA_OVER_FOUR_SOURCES)
 @example(case=LEAD_2)
 def test_attn_res_in_place_prefix_rewrite_is_deterministic(engine, case: AttnResCase) -> None:
     """The attn_res calls that rewrite the prefix in place (a delta) with the output norm, no bank

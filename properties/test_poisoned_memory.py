@@ -21,11 +21,18 @@ from hypothesis import strategies as st
 from k3num.engines import base
 from k3num.engines.mirror import context_kv as eager
 from k3num.fixtures.builders import context_kv_inputs
-from k3num.fixtures.strategies import AttnResCase, attn_res_cases, context_kv_cases, draft_kv_cases, seeds
+from k3num.fixtures.strategies import (
+    DELTA_OVER_FOUR_SOURCES,
+    AttnResCase,
+    attn_res_cases,
+    context_kv_cases,
+    draft_kv_cases,
+    seeds,
+)
 from k3num.harness.judges import context_kv_oracle
 from k3num.oracles import budgets, hunt
 from k3num.oracles.records import judge
-from k3num.properties.checks.attn_res import FLAKY_REPEATS, K3N_007
+from k3num.properties.checks.attn_res import FLAKY_REPEATS
 from k3num.properties.checks.draft_kv import MATERIALIZE, check_draft_kv_within_rounding_budget, materializer
 from k3num.properties.checks.poisoned_memory import check_poisoned_attn_res, check_poisoned_mixture
 from k3num.properties.checks.poisoned_memory import nonfinite as _nonfinite
@@ -33,13 +40,13 @@ from k3num.properties.support import DEVICE, LOW, assert_bitwise, report, subjec
 
 
 @given(case=attn_res_cases())
-@example(case=K3N_007)  # K3N-007 (GPU, vllm-rocm): the accuracy judgment sees the race here too
+@example(case=DELTA_OVER_FOUR_SOURCES)  # K3N-007 (GPU, vllm-rocm): the accuracy judgment sees the race here too
 def test_attn_res_writes_every_output_element_and_nothing_outside_its_rows(engine, case: AttnResCase) -> None:
     """The model's calls (a write at num_blocks, or none): the output, allocated inside the call, is
     finite and within the accuracy budget; bank rows past num_blocks other than the written one hold
     NaN and keep it; nothing is read or written past prefix, delta or bank."""
     write = case.num_blocks if case.num_blocks < case.bank and case.block_write_idx >= 0 else -1
-    for _ in range(FLAKY_REPEATS if case == K3N_007 else 1):  # a strict xfail must not pass by luck
+    for _ in range(FLAKY_REPEATS if case == DELTA_OVER_FOUR_SOURCES else 1):  # a strict xfail must not pass by luck
         check_poisoned_attn_res(engine, dataclasses.replace(case, block_write_idx=write))
 
 

@@ -48,11 +48,11 @@ def test_the_fix_applies_to_every_pinned_release_and_on_top_of_a_tree(tmp_path: 
         if fetch.missing_files(src):
             continue
         tree = fixes.patched_copy(fix, src, tmp_path / spec)
-        assert "k3num fix K3N-001/002" in (tree / fixes.ROCM_LINEAR).read_text()
+        assert "k3num fix" in (tree / fixes.ROCM_LINEAR).read_text()
     planted = fixes.patched_tree(fixes.by_id("rocm-score-unnormalized"), tmp_path / "planted")
     both = fixes.patched_copy(fix, fetch.source_of("vllm", {"vllm": planted}), tmp_path / "both")
     assert "k3num planted" in (both / fixes.ROCM_ATTN_RES).read_text()
-    assert "k3num fix K3N-001/002" in (both / fixes.ROCM_LINEAR).read_text()
+    assert "k3num fix" in (both / fixes.ROCM_LINEAR).read_text()
 
 
 def test_a_tree_that_edits_the_entrys_files_is_not_judged_around_it(tmp_path: Path) -> None:

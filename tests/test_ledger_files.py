@@ -161,8 +161,9 @@ def test_a_test_two_entries_share_lets_each_entrys_cases_pass_and_fails_the_rest
 
     from k3num.engines import base
     from k3num.engines.base import Engine
+    from k3num.fixtures.strategies import DELTA_OVER_FOUR_SOURCES as K3N_007
+    from k3num.fixtures.strategies import WRITE_IN_THE_MIX_UNIT as K3N_005
     from k3num.harness import ledger_run
-    from k3num.harness.ledger_cases import K3N_005, K3N_007
 
     def racy(prefix, delta, blocks, *rest):
         raise AssertionError("distinct outputs")

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from k3num.engines import base, registry
+from k3num.fixtures.strategies import DELTA_OVER_FOUR_SOURCES
 from k3num.harness import fixes, judges, ledger_cases, ledger_models
 from k3num.oracles import ledger, pairing
 from k3num.properties import test_ledger_reproducers as reproducers
@@ -35,7 +36,7 @@ def test_an_entry_without_a_model_or_a_reason_is_named():
     assert ledger_cases.incomplete([bare], cases) == ["K3N-999: no bug model and no reason for none (no_model)"]
     unsigned = {**cases, "K3N-999": dataclasses.replace(cases["K3N-999"], no_model="x", signature="")}
     assert ledger_cases.incomplete([bare], unsigned) == ["K3N-999: no reproducer signature"]
-    assert ledger_cases.incomplete([bare], {}) == ["K3N-999: no case rule in harness/ledger_cases.py"]
+    assert ledger_cases.incomplete([bare], {}) == ["K3N-999: no case rule (its module in harness/ledger_entries)"]
 
 
 # ---- the models themselves, on planted roundings of known size ----------------------------------------
@@ -455,7 +456,7 @@ def test_a_race_failure_its_model_rejects_fails_the_test_with_the_verdict_not_as
         body = ledger_run.ledgered(test_attn_res_repeated_calls_are_bitwise_identical)
         body._k3num_entries["vllm-rocm"] = [ledger.by_id("K3N-007")]
         test = settings(max_examples=3, database=None, derandomize=True)(
-            given(case=st.just(ledger_cases.K3N_007))(lambda case: body(engine=make(n), case=case)))
+            given(case=st.just(DELTA_OVER_FOUR_SOURCES))(lambda case: body(engine=make(n), case=case)))
         deferred: list[str] = []
         token = ledger_run._DEFERRED.set(deferred if scope else None)
         try:

@@ -113,8 +113,8 @@ def test_a_race_rule_judges_the_call_that_ran_not_the_case_drawn(monkeypatch):
 
     from k3num.engines import base
     from k3num.engines.base import Engine
+    from k3num.fixtures.strategies import DELTA_OVER_FOUR_SOURCES as K3N_007
     from k3num.harness import ledger_run
-    from k3num.harness.ledger_cases import K3N_007
     from k3num.oracles.drift import COLLECTOR
 
     def racy(*args, **kwargs):

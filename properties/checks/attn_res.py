@@ -12,7 +12,6 @@ from k3num.engines import base
 from k3num.fixtures.builders import AttnResInputs, attn_res_inputs
 from k3num.fixtures.strategies import AttnResCase
 from k3num.harness.judges import EPS, OUT_EPS, attn_res_oracle
-from k3num.harness.ledger_cases import K3N_004, K3N_005, K3N_007  # noqa: F401
 from k3num.oracles.records import judge
 from k3num.properties.support import LOW, report, subject
 

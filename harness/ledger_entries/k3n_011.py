@@ -1,0 +1,29 @@
+"""K3N-011: vLLM's merged block-FP8 context-KV loader misplaces block scales where a layer's width is not whole
+128-row blocks (oracles/ledger.py: the facts)."""
+
+from __future__ import annotations
+
+from k3num.harness.ledger_cases import (
+    CHECKPOINT_TEST,
+    K3_WIDTH,
+    CheckpointRule,
+    LedgerCase,
+    block_fp8_not_whole_blocks,
+)
+from k3num.harness.ledger_entries import Entry
+
+ENTRY = Entry(
+    case=LedgerCase("shards that are not whole blocks (width % 128 != 0) and a second layer to misplace",
+                    lambda a: a["width"] % 128 != 0 and a["layers"] >= 2,
+                    "test_block_fp8_merged_shards_dequantize_to_the_per_layer_weights",
+                    {"layers": 5, "width": K3_WIDTH, "hidden": 256, "data": None, "seed": 0},
+                    # the entry's own pattern of wrong rows per layer (its `what`): the model, as the message
+                    signature=r"differs from the per-layer weights in \[0, 320, 0, 320, 0\] rows per layer",
+                    no_model="the reproducer's signature is the model: the rows wrong per layer that "
+                             "adjust_block_scale_shard's placement predicts, [0, 320, 0, 320, 0]; drawn cases other "
+                             "than the reproducer's are judged by the region rule"),
+    checkpoint=CheckpointRule(CHECKPOINT_TEST, block_fp8_not_whole_blocks,
+                              "vLLM 0.33.0 would load this block-FP8 draft's merged context-KV weight with block "
+                              "scales misplaced (its per-layer width is not a multiple of 128): some layers' context "
+                              "KV would come from wrongly scaled rows"),
+)

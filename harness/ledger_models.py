@@ -176,7 +176,10 @@ def _bf16_np(x: np.ndarray) -> np.ndarray:
 
 
 def _np64(t: torch.Tensor) -> np.ndarray:
-    """A CPU tensor's values as float64 numpy (float32 and float64 read without a torch operation)."""
+    """A CPU tensor's values as float64 numpy, read without a torch operation (bf16: its bits are the high half of
+    the float32 of the same value)."""
+    if t.dtype == torch.bfloat16:
+        return (t.view(torch.int16).numpy().astype(np.int32) << 16).view(np.float32).astype(np.float64)
     return (t if t.dtype in (torch.float32, torch.float64) else t.float()).numpy().astype(np.float64)
 
 

@@ -155,13 +155,19 @@ def model_subjects(entries) -> tuple[str, ...]:
 
 
 def _cloned(x: Any) -> Any:
+    """A recorded value with every tensor in it cloned (tensors, tuples and lists of them, plain values as they are)."""
     import torch
 
-    if isinstance(x, torch.Tensor):
-        return x.detach().clone()
-    if isinstance(x, (list, tuple)):
-        return type(x)(_cloned(v) for v in x)
-    return x
+    tensor = torch.Tensor
+
+    def clone(v: Any) -> Any:
+        if isinstance(v, tensor):
+            return v.detach().clone()
+        if isinstance(v, (list, tuple)):
+            return type(v)([clone(w) for w in v])
+        return v
+
+    return clone(x)
 
 
 LIMIT = 64  # calls kept whatever their output (the repeat properties make 152 of one call)

@@ -487,3 +487,17 @@ def test_the_models_numpy_bf16_rounding_is_torchs_ties_included():
     ties = b + half  # exactly halfway between two bf16 neighbours
     xs = torch.cat([x, ties, ties * (1 + 2.0**-40), ties * (1 - 2.0**-40)])
     assert (ledger_models._bf16_np(xs.numpy()) == xs.to(torch.bfloat16).double().numpy()).all()
+
+
+def test_the_models_numpy_read_of_a_bf16_tensor_is_its_exact_value():
+    """The CPU fast path reads bf16 tensors as the high half of a float32 (ledger_models._np64, no torch
+    operation): every value exactly, strided views, infinities, NaN, signed zero and subnormals included."""
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(64, 48, generator=g) * torch.exp2(torch.randint(-60, 60, (64, 48), generator=g).float()))
+    x = x.to(torch.bfloat16)
+    x[0, :5] = torch.tensor([float("inf"), -float("inf"), float("nan"), -0.0, 1e-40]).to(torch.bfloat16)
+    for t in (x, x.T, x[::3, 1::2]):
+        got, want = ledger_models._np64(t), t.double().numpy()
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert ((got == want) | (torch.isnan(t.double()).numpy() & (got != got))).all()
+        assert (torch.from_numpy(got).signbit() == t.double().signbit()).all()

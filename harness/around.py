@@ -1,5 +1,6 @@
 """Judging around a known divergence: the tests an entry's region covers run once more on the engine with the
-entry's fix applied (harness/fixes.py), so a second bug in the same engine is judged plainly there.
+entry's fix applied (its module in harness/ledger_entries), so a second bug in the same engine is judged plainly
+there.
 
 A known divergence xfails (or files as known) every failure of its region: vllm-rocm's aux tap returns the
 prefix sum (K3N-001), so both token properties on vllm-rocm are the entry's, and a second bug in ROCm's AttnRes
@@ -52,7 +53,8 @@ def split(param: str) -> tuple[str, fixes.Fix | None]:
         return param, None
     fix = next((f for f in aroundable() if key(f) == entry and name in f.engines), None)
     if fix is None:
-        raise ValueError(f"{param}: no fix of {entry} runs around it on {name} (harness/fixes.py FIXES `around`)")
+        raise ValueError(f"{param}: no fix of {entry} runs around it on {name} (an entry module's fix with `around`: "
+                         "harness/ledger_entries)")
     return name, fix
 
 
@@ -105,7 +107,7 @@ def engine(param: str, sources: dict[str, Path], mode: str) -> Any:
         fixed = registry.build(name, {**sources, fix.engine: tree}, mode)
     except (fixes.FixError, registry.EngineUnavailable) as e:
         raise Unavailable(f"{fix.id}'s fix does not apply to {src.root}: {e}") from e
-    note = f"{fix.id}'s fix applied (harness/fixes.py)"
+    note = f"{fix.id}'s fix applied (harness/ledger_entries)"
     built = dataclasses.replace(fixed, name=param, version=plain.version,
                                 mode_note="; ".join(filter(None, [note, fixed.mode_note])))
     _BUILT[cache_key] = built

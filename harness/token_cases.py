@@ -61,7 +61,7 @@ def _same(c: Any) -> Any:
 
 
 def fixed_engine(entry: str, name: str, sources: dict[str, Path], mode: str, stack: Any) -> tuple[Any, str]:
-    """(engine `name` read from a copy of its files with the entry's fix applied (harness/fixes.py), None) or
+    """(engine `name` read from a copy of its files with the entry's fix applied (harness/ledger_entries), None) or
     (None, why not). The copy lives as long as `stack`. A local tree given for the pin is not what the fix
     patches: the control then does not run."""
     import tempfile

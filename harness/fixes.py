@@ -8,6 +8,10 @@ longer occurs exactly once. `scripts/prove_fixes.py` then runs each fix's proper
 does not apply there (oracles/ledger.py `files`, supply.fetch.pinned_files) and the property must pass
 plainly. The upstream
 drafts in docs/upstream-reports.md describe the same fixes in words.
+
+The edits live here; which entry a fix is for, the tests that prove it and where it runs around its entry live
+in the entry's own module (harness/ledger_entries: `Entry.fix`), which `FIXES` reads. The planted bugs and kernel
+mutants below belong to no entry.
 """
 
 from __future__ import annotations

@@ -62,9 +62,11 @@ def per_engine(outcomes: Iterable[Outcome]) -> dict[str, Counter]:
     return out
 
 
-def engine_lines(outcomes: Sequence[Outcome], bound: dict[str, str], engines: Sequence[str]) -> list[str]:
+def engine_lines(outcomes: Sequence[Outcome], bound: dict[str, str], engines: Sequence[str],
+                 width: int | None = None) -> list[str]:
     """One line per engine of the run: 'NAME: MODE: N run, N skipped, N known' (bound: name -> the
-    'name version: mode (note)' line of a built engine; an engine never built says why not)."""
+    'name version: mode (note)' line of a built engine; an engine never built says why not). With `width`
+    each line fits it: a built engine's note becomes "(-v: how it was bound)", a reason is clipped."""
     counts = per_engine(outcomes)
     lines = []
     for name in engines:
@@ -75,8 +77,20 @@ def engine_lines(outcomes: Sequence[Outcome], bound: dict[str, str], engines: Se
         if head is None:
             why = _commonest(o.reason for o in outcomes if o.engine == name and o.outcome == "skipped")
             head = f"{name}: not built" + (f" ({why})" if why else "")
-        lines.append(f"{head}: {tally}")
+        lines.append(_fit(head, tally, width, built=name in bound))
     return lines
+
+
+def _fit(head: str, tally: str, width: int | None, *, built: bool) -> str:
+    """'HEAD: TALLY' within `width` (None: whole)."""
+    line = f"{head}: {tally}"
+    if width is None or len(line) <= width:
+        return line
+    cut = head.find(" (")
+    if built and cut > 0:
+        head = head[:cut] + " (-v: how it was bound)"
+    room = width - len(tally) - 2
+    return f"{clip(head, room) if len(head) > room else head}: {tally}"
 
 
 def ran_nothing(outcomes: Sequence[Outcome], named: Sequence[str]) -> list[tuple[str, str]]:

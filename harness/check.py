@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from k3num.engines import registry
-from k3num.harness import impact
+from k3num.harness import impact, profiles
 from k3num.oracles import ledger, pairing
 from k3num.supply import env, fetch
 
@@ -35,41 +35,54 @@ class CheckError(ValueError):
 
 def _tree(flag: str, path: str, pin: str) -> Path:
     """The tree `path` names: a directory laid out like the installed package, or a pinned release's version
-    (`--head 0.34.0`: that release's verified cache, for the release-to-release report)."""
+    (`--head 0.34.0`: that release's verified cache, for the release-to-release report). A directory is
+    judged as the release its version file names (`fetch.judged_as`) and must hold that release's bound
+    files; a version between pins is judged as the newest pin below it, said on stderr."""
     if path in fetch.releases(pin) and not Path(path).exists():
-        root = fetch.release_root(f"{pin}@{path}")
-        try:
-            fetched = fetch.verified_manifest(fetch.Source(pin, root))
-        except fetch.FetchError as e:
-            raise CheckError(f"{flag} {path}: {e}") from None
-        if not fetched:
-            raise CheckError(f"{flag} {path}: {pin} {path} is not fetched (run `k3num fetch {pin}@{path}`)")
-        return root
+        return _release_tree(flag, f"{pin}@{path}")
     root = Path(path).expanduser()
     if not root.is_dir():
         raise CheckError(f"{flag} {path}: not a directory")
-    missing = fetch.missing_in(pin, root)
-    if missing:
-        raise CheckError(f"{flag} {path}: lacks the bound file(s) {', '.join(missing)} (a tree laid out like the "
-                         "installed package, e.g. a checkout's root)")
-    try:  # the version the check's tables name is the tree's own
-        fetch.tree_version(pin, root)
-    except fetch.TreeVersionError as e:
+    try:  # the version the check's tables name is the tree's own, and it names the files the tree must hold
+        note = fetch.check_tree(pin, root.resolve())
+    except ValueError as e:
         raise CheckError(f"{flag} {path}: {e}") from None
+    if note:
+        print(f"[check] {flag} {path}: {note}", file=sys.stderr)
     return root.resolve()
 
 
+def _release_tree(flag: str, spec: str) -> Path:
+    """A pinned release's verified cache tree (CheckError when it is not fetched)."""
+    root = fetch.release_root(spec)
+    try:
+        fetched = fetch.verified_manifest(fetch.Source(spec.partition("@")[0], root))
+    except fetch.FetchError as e:
+        raise CheckError(f"{flag} {spec}: {e}") from None
+    if not fetched:
+        raise CheckError(f"{flag}: {spec} is not fetched (run `k3num fetch {spec}`)")
+    return root
+
+
+def base_release(pin: str, head: Path) -> fetch.Pin:
+    """The pinned release `--base pinned` means for `head`: the one the head is judged as."""
+    return fetch.Source(pin, head).pin
+
+
 def validate(args: argparse.Namespace) -> tuple[str, Path, str]:
-    """(pin, head tree, base spec for --check-base); CheckError says what is wrong."""
+    """(pin, head tree, base for --check-base: "pinned" for the default release, else a tree's path);
+    CheckError says what is wrong. `--base pinned` (the default) is the pinned release the head is judged
+    as: a 0.33.0 tree is checked against 0.33.0, not against the engine's newest release."""
     if args.engine not in registry.pinned():
         raise CheckError(f"--engine {args.engine}: not an engine with a pinned source; valid: "
                          f"{', '.join(registry.pinned())}")
     pin = args.engine.split("-")[0]
     head = _tree("--head", args.head, pin)
     if args.base == "pinned":
-        if not fetch.verified_manifest(pin):
-            raise CheckError(f"--base pinned: {pin} is not fetched (run `k3num fetch {pin}`)")
-        return pin, head, "pinned"
+        release = base_release(pin, head)
+        spec = fetch.spec_of(release)
+        root = _release_tree("--base pinned", spec)
+        return pin, head, "pinned" if release is fetch.PINS[pin] else str(root)
     return pin, head, str(_tree("--base", args.base, pin))
 
 
@@ -148,8 +161,37 @@ def _rows(found: pd.DataFrame, drift: pd.DataFrame, engine: str) -> pd.DataFrame
 
 
 def _entry(entry_id: str) -> str:
+    """An entry as check.md names it: its id and its upstream report, or that none is filed yet."""
     d = ledger.by_id(entry_id)
-    return f"{entry_id} ({d.upstream})" if d else entry_id
+    if d is None:
+        return entry_id
+    up = d.upstream
+    if up.startswith("none found (not reported yet)"):
+        up = "not reported upstream yet" + up[len("none found (not reported yet)"):]
+    return f"{entry_id} ({up})"
+
+
+def _cell(text: str) -> str:
+    """A failure message whole in one Markdown table cell: its " / "-joined lines on lines of their own."""
+    return str(text).replace("|", "/").replace(" / ", "<br>")
+
+
+def changed_files(pin: str, head: Path, base: Path) -> list[str]:
+    """The bound files of the head's release whose bytes differ from the base tree's (or that the base lacks),
+    in the pin's order: what the head changes, as the check reads it."""
+    files = fetch.Source(pin, head).pin.files
+    return [f for f in files if not (base / f).is_file() or fetch.sha256_of(head / f) != fetch.sha256_of(base / f)]
+
+
+def sides_line(args: argparse.Namespace, pin: str, head: Path, base: str) -> str:
+    """Which releases the two sides are: the head's own version, and the base (by default the pinned release
+    the head is judged as)."""
+    h = fetch.Source(pin, head)
+    if base == "pinned" or fetch.release_of_tree(pin, Path(base)) is not None:
+        b = fetch.Source(pin, None if base == "pinned" else Path(base)).pin
+        said = " (the pinned release the head is judged as: `--base pinned`)" if args.base == "pinned" else ""
+        return f"head {pin} {h.version}, base {pin} {b.version}{said}"
+    return f"head {pin} {h.version}, base {pin} {fetch.Source(pin, Path(base)).version}"
 
 
 def oracle_line(examples: pd.DataFrame) -> str:
@@ -189,8 +231,10 @@ def new_failure_severity(node: str, args: argparse.Namespace) -> str:
 
 
 def markdown(found: pd.DataFrame, drift: pd.DataFrame, args: argparse.Namespace, replay: list[str],
-             oracle: str = "", split: str = "", unpaired: pd.DataFrame | None = None) -> str:
-    """check.md: new first, then what the head cannot run, drift, fixed and known."""
+             oracle: str = "", split: str = "", unpaired: pd.DataFrame | None = None, sides: str = "",
+             changed: list[str] | None = None) -> str:
+    """check.md: which releases, what the head changes, then new first, what the head cannot run, drift,
+    fixed and known."""
     short = lambda node: node.split("::", 1)[-1]  # noqa: E731
     new = found[found["new"] > 0]
     lost = found[found["status"] == "head cannot run"]
@@ -203,6 +247,12 @@ def markdown(found: pd.DataFrame, drift: pd.DataFrame, args: argparse.Namespace,
              + (f", `-k {args.k}`" if args.k else "") + f"; {int(found['examples'].sum())} paired examples in "
              f"{len(found)} property tests." + (f" {oracle}" if oracle else "")
              + (f" One process per side ({split}), joined by test, example and drawn case." if split else ""), ""]
+    if sides:
+        lines += [f"Releases: {sides}.", ""]
+    if changed is not None:
+        lines += ["## The head's changes (bound files whose bytes differ from the base's)", ""]
+        lines += [f"- `{f}`" for f in changed] or ["None: the head's bound files are the base's bytes."]
+        lines.append("")
     if unpaired is not None and len(unpaired):
         lines += ["## Not paired (could not be judged)", "", "| property test | examples | why |",
                   "| --- | --- | --- |"]
@@ -216,7 +266,7 @@ def markdown(found: pd.DataFrame, drift: pd.DataFrame, args: argparse.Namespace,
         lines += ["A failure that flips decided tokens is listed first; the others' token effect is `k3num impact` "
                   "on the head (the command in the row).", "",
                   "| property test | new | of | severity | first failure |", "| --- | --- | --- | --- | --- |"]
-        lines += [f"| `{short(r.node)}` | {r.new} | {r.examples} | {r.severity} | {r.first_new.replace('|', '/')} |"
+        lines += [f"| `{short(r.node)}` | {r.new} | {r.examples} | {r.severity} | {_cell(r.first_new)} |"
                   for r in new.itertuples()]
         if replay:
             lines += ["", "Repro bundles, each replayed on the head by:", ""] + [f"    {c}" for c in replay]
@@ -324,8 +374,8 @@ def _check(args: argparse.Namespace, pin: str, head: Path, base: str, stage: Pat
         records.to_csv(stage / "records.csv", index=False)
         unpaired.to_csv(stage / "unpaired.csv", index=False)
     else:
-        print(f"[check] {args.engine}: head {head} against base {base}; running the paired properties",
-              file=sys.stderr)
+        print(f"[check] {args.engine}: {sides_line(args, pin, head, base)}; head {head}; running the paired "
+              "properties", file=sys.stderr)
         if _run(pytest_command(args, pin, head, base, stage), child_env, stage, args.k):
             return None
         examples = pd.read_csv(stage / "examples.csv", keep_default_na=False)
@@ -341,12 +391,16 @@ def _check(args: argparse.Namespace, pin: str, head: Path, base: str, stage: Pat
     _rows(found, drift, args.engine).to_csv(stage / "check.csv", index=False)
     bad_pairs = unexplained_unpaired(unpaired, examples)
     replay = replay_commands(bundles, out / "repro", pin, head, args.device)
-    (stage / "check.md").write_text(markdown(found, drift, args, replay, oracle_line(examples), split, bad_pairs))
+    base_root = fetch.release_root(pin) if base == "pinned" else Path(base)
+    (stage / "check.md").write_text(markdown(found, drift, args, replay, oracle_line(examples), split, bad_pairs,
+                                             sides_line(args, pin, head, base), changed_files(pin, head, base_root)))
     rc = pairing.exit_code(found, drift)
     if len(bad_pairs):
         print(f"[check] ERROR: {len(bad_pairs)} example(s) could not be paired between the two processes "
               f"({out / 'unpaired.csv'}; check.md lists them)", file=sys.stderr)
         rc = rc or 2
+    print("[check] (pytest's counts above are the paired run's: each side's failures are collected there for "
+          "pairing, not raised; the verdict is the next line)", file=sys.stderr)
     print(f"[check] {'FAIL' if rc else 'PASS'}: {int(found['new'].gt(0).sum())} test(s) with new failures, "
           f"{int((found['status'] == 'head cannot run').sum())} the head cannot run, "
           f"{int(found['flaky'].gt(0).sum())} flaky, {int((drift['drift'] == 'worse').sum())} drifting, "
@@ -379,11 +433,10 @@ def add_parser(sub) -> None:
                    help="the change: a tree laid out like the installed package (a checkout's root), or a pinned "
                         "release's version (--head 0.34.0: the release-to-release report)")
     c.add_argument("--base", default="pinned", metavar="pinned|PATH|VERSION",
-                   help="the baseline: the engine's default pinned release (default), another tree, or a pinned "
-                        "release's version")
-    c.add_argument("--hypothesis-profile", default="ci",
-                   help="hypothesis profile: ci (default: derandomized, 40 examples), dev, nightly, nightly-1k, "
-                        "gpu-smoke (harness/plugin.py)")
+                   help="the baseline: pinned (default) is the pinned release the head is judged as (its version "
+                        "file's, or the newest pin below it: a 0.33.0 tree against 0.33.0), or another tree, or a "
+                        "pinned release's version")
+    profiles.add_option(c, "ci", "hypothesis profile (default ci)")
     c.add_argument("-k", default=None, help="a pytest -k expression selecting properties")
     c.add_argument("--device", default=None,
                    help="device of the small-shape properties: cpu or cuda[:N] (default: cuda where CUDA is, else cpu)")

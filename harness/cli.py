@@ -28,6 +28,7 @@ import hashlib
 import sys
 from pathlib import Path
 
+from k3num.harness import profiles
 from k3num.supply import env, fetch
 
 
@@ -38,13 +39,15 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         print(f"[fetch] ERROR: unknown target(s) {', '.join(unknown)}; valid: {', '.join(valid)}", file=sys.stderr)
         return 2
     status = 0
-    for name in args.targets or valid:
+    targets = args.targets or valid
+    for name in targets:
         try:
             if name.endswith("-csrc"):
                 fetch.fetch_csrc(name.removesuffix("-csrc"))
             elif name.endswith("-bin"):
                 engine = name.removesuffix("-bin")
-                fetch.fetch(engine)  # the wheels the libraries come from, checked
+                if engine not in targets:  # the wheels the libraries come from, checked (once: not if fetched above)
+                    fetch.fetch(engine)
                 for key in (k for k, b in fetch.BINARIES.items() if b.engine == engine):
                     said: list[str] = []  # one line per library: the extraction's, or that it was there
                     path = fetch.binary(key, log=lambda m: (said.append(m), print(m)))
@@ -59,12 +62,14 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
-    """Exit 0 written, 2 bad input (an unknown engine, an engine not fetched, a non-empty DIR without --force)."""
+    """Exit 0 written, 2 bad input (an engine or release not pinned, an engine not fetched, a non-empty DIR
+    without --force)."""
     from k3num.harness import fixes
 
-    if args.engine not in fetch.PINS:
-        print(f"[tree] ERROR: {args.engine}: not a pinned engine; valid: {', '.join(sorted(fetch.PINS))}",
-              file=sys.stderr)
+    try:
+        pin = fetch.release_pin(args.engine)
+    except ValueError as e:
+        print(f"[tree] ERROR: {e}; valid: {', '.join(sorted(fetch.all_release_specs()))}", file=sys.stderr)
         return 2
     dest = Path(args.dir).expanduser()
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())) and not args.force:
@@ -75,9 +80,8 @@ def cmd_tree(args: argparse.Namespace) -> int:
     except fixes.FixError as e:
         print(f"[tree] ERROR: {e}", file=sys.stderr)
         return 2
-    pin = fetch.PINS[args.engine]
-    print(f"[tree] {args.engine} {pin.version}: {len(pin.files)} files into {dest.resolve()}; edit them, then "
-          f"`k3num check --engine {args.engine} --head {dest}`", file=sys.stderr)
+    print(f"[tree] {pin.engine} {pin.version}: {len(pin.files)} files into {dest.resolve()}; edit them, then "
+          f"`k3num check --engine {pin.engine} --head {dest}`", file=sys.stderr)
     for rel in pin.files:
         print(rel)
     return 0
@@ -95,7 +99,12 @@ def _sources(items: list[str]) -> dict[str, Path]:
     from k3num.harness import run
 
     try:
-        return {**run.RunContext.from_env().sources, **fetch.parse_sources(items)}
+        given = fetch.parse_sources(items)
+        for pin, tree in given.items():  # judged as the release it says, or refused before anything runs
+            note = fetch.check_tree(pin, tree)
+            if note:
+                print(f"[k3num] --engine-src {pin}={tree}: {note}", file=sys.stderr)
+        return {**run.RunContext.from_env().sources, **given}
     except ValueError as e:
         raise ValueError(f"--engine-src: {e}") from None
 
@@ -171,7 +180,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
     out = Path(args.out)
     before = set(out.glob("*.safetensors")) if out.is_dir() else set()
     cmd = [sys.executable, "-m", "pytest", f"{files[0].relative_to(root)}::{entry.test}", "--engine", entry.engine,
-           "--repro-dir", str(out), "-p", "no:cacheprovider", "-q", f"--hypothesis-profile={args.profile}"]
+           "--repro-dir", str(out), "-p", "no:cacheprovider", "-q", f"--hypothesis-profile={args.hypothesis_profile}"]
     print(f"[repro] {entry.id}: {' '.join(cmd[2:])}")
     subprocess.run(cmd, cwd=root, capture_output=True, text=True)
     written = sorted(set(out.glob("*.safetensors")) - before) if out.is_dir() else []
@@ -192,7 +201,17 @@ def cmd_report(args: argparse.Namespace) -> int:
     from k3num.harness.nightly import report
     from k3num.oracles import history as hist
 
-    try:  # a history that cannot be written is refused before anything is read
+    if not args.check:  # the run's CSVs first: a bad one is refused before the history folder is made
+        if not args.csv:
+            print("[report] ERROR: no drift CSV given (k3num report --history DIR CSV...)", file=sys.stderr)
+            return 2
+        try:
+            frames = [hist.read_run_csv(c) for c in args.csv]
+            metas = [hist.read_meta(c) for c in args.csv]
+        except hist.SchemaError as e:
+            print(f"[report] ERROR: {e}", file=sys.stderr)
+            return 2
+    try:  # a history that cannot be written is refused before the report is computed
         hdir = hist.check_writable(args.history)
     except hist.HistoryError as e:
         print(f"[report] ERROR: {e}", file=sys.stderr)
@@ -200,15 +219,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.check:
         print(f"[report] history directory {hdir} is writable")
         return 0
-    if not args.csv:
-        print("[report] ERROR: no drift CSV given (k3num report --history DIR CSV...)", file=sys.stderr)
-        return 2
-    try:
-        frames = [hist.read_run_csv(c) for c in args.csv]
-        metas = [hist.read_meta(c) for c in args.csv]
-    except hist.SchemaError as e:
-        print(f"[report] ERROR: {e}", file=sys.stderr)
-        return 2
     meta = _report_meta(args, metas)
     if args.impact:
         from k3num.harness import impact
@@ -280,8 +290,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         judge = bisect.replay_judge(args.engine, Path(args.bundle).resolve(), device=args.device)
         how = f"k3num replay {args.bundle}"
     else:
-        judge = bisect.pytest_judge(args.engine, args.k, profile=args.profile)
-        how = f"the properties matching -k {args.k!r} ({args.profile})"
+        judge = bisect.pytest_judge(args.engine, args.k, profile=args.hypothesis_profile)
+        how = f"the properties matching -k {args.k!r} ({args.hypothesis_profile})"
     print(f"[bisect] {args.engine} in {args.repo}, {args.good}..{args.bad}, judged by {how}")
     try:
         out = bisect.bisect(Path(args.repo), args.engine, args.good, args.bad, judge)
@@ -312,10 +322,11 @@ def _report_meta(args: argparse.Namespace, metas: list[dict]) -> dict:
     for m in metas:
         examples.update(m.get("examples", {}))
     meta["examples"] = examples
-    for flag in ("date", "profile", "device_name", "harness_commit"):
+    for flag, key in (("date", "date"), ("hypothesis_profile", "profile"), ("device_name", "device_name"),
+                      ("harness_commit", "harness_commit")):
         v = getattr(args, flag)
         if v:
-            meta[flag] = v
+            meta[key] = v
     meta.setdefault("date", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
     for k in ("profile", "device_name", "harness_commit", "command", "torch", "repro_dir"):
         meta.setdefault(k, "")
@@ -338,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     f.set_defaults(func=cmd_fetch)
     b = sub.add_parser("build-ops", help="build vLLM's rms_norm, rotary_embedding, concat_and_cache_mla_grouped, "
                                          "concat_and_cache_mla and the fused MLA epilogue's prefill and decode "
-                                         "inserts from the pinned sdist (CUDA machine; cached)")
+                                         "inserts from the pinned sdist (CUDA machine; cached)",
+                       epilog="exit codes: 0 built (or cached); 2 cannot build here (no CUDA, a checkout missing "
+                              "files or with a changed schema, a compile error), with the reason")
     b.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (MAX_JOBS; default: all cores)")
     b.add_argument("-v", "--verbose", action="store_true", help="show the compiler's commands")
     b.add_argument("--engine-src", action="append", default=[], metavar="vllm=PATH",
@@ -348,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     b.set_defaults(func=cmd_build_ops)
     g = sub.add_parser("golden", help="golden sets: inputs and float64 oracle outputs stored as safetensors")
     gsub = g.add_subparsers(dest="golden_cmd", required=True, metavar="ACTION")
-    gw = gsub.add_parser("write", help="write a golden set (then judge with `bash scripts/run_properties.sh --golden "
+    gw = gsub.add_parser("write", epilog="exit codes: 0 written; 2 bad input (a preset, a folder), with the reason",
+                         help="write a golden set (then judge with `bash scripts/run_properties.sh --golden "
                                        "DIR`)", description="Write a golden set: inputs and float64 oracle outputs "
                                        "with a hash-checked manifest. Judge an engine against it with `bash "
                                        "scripts/run_properties.sh --golden DIR --engine NAME`.")
@@ -357,19 +371,25 @@ def main(argv: list[str] | None = None) -> int:
     gw.add_argument("--out", required=True, help="an empty or new directory")
     gw.add_argument("--seed", type=int, default=0, help="seed of the case draws (default 0)")
     gw.set_defaults(func=cmd_golden_write)
-    r = sub.add_parser("replay", help="rerun a repro bundle's subject on its stored inputs and judge it with the same "
+    r = sub.add_parser("replay", epilog="exit codes: 0 the subject passes on the bundle's inputs; 1 it fails; 2 not "
+                                        "replayable (a bad bundle or --engine-src), with the reason",
+                       help="rerun a repro bundle's subject on its stored inputs and judge it with the same "
                                       "budget: exit 0 pass, 1 fail (a bisection predicate), 2 not replayable")
     r.add_argument("bundle", help="a .safetensors file written by --repro-dir")
     r.add_argument("--engine-src", action="append", default=[], metavar="NAME=PATH",
                    help="read engine NAME from PATH (a checkout or a patch) instead of the pinned release")
     r.add_argument("--device", default="cpu", help="device of the stored inputs (default cpu)")
     r.set_defaults(func=cmd_replay)
-    rp = sub.add_parser("repro", help="write the repro bundle(s) of a ledger entry's reproducer")
+    rp = sub.add_parser("repro", help="write the repro bundle(s) of a ledger entry's reproducer",
+                        epilog="exit codes: 0 bundles written; 1 the reproducer did not fail here (no bundle); 2 an "
+                               "unknown entry")
     rp.add_argument("entry", help="a ledger entry id (oracles/ledger.py)")
     rp.add_argument("--out", required=True, help="directory for the bundles")
-    rp.add_argument("--profile", default="ci", help="hypothesis profile of the run (default ci)")
+    profiles.add_option(rp, "ci", "hypothesis profile of the run (default ci)")
     rp.set_defaults(func=cmd_repro)
-    rep = sub.add_parser("report", help="append a run (drift CSVs) to a history directory and write report.md, "
+    rep = sub.add_parser("report", epilog="exit codes: 0 written (with --gate: no alarm); 1 --gate: an alarm; 2 bad "
+                                          "input (a CSV, the history folder), or --gate with no history",
+                         help="append a run (drift CSVs) to a history directory and write report.md, "
                                          "report.html and PNG plots; --gate exits 1 on a drift beyond the history's "
                                          "noise")
     rep.add_argument("csv", nargs="*", help="the run's drift CSV(s) (their .meta.json sidecars are read too)")
@@ -385,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="`k3num impact --ledger --format csv`'s output: each ledger entry's token severity in the "
                           "report's ledger table (kept in the history with the run)")
     rep.add_argument("--date", default=None, help="override the run's date (ISO 8601, UTC)")
-    rep.add_argument("--profile", default=None, help="override the run's hypothesis profile")
+    profiles.add_option(rep, None, "override the run's hypothesis profile")
     rep.add_argument("--device-name", default=None, help="override the run's device name")
     rep.add_argument("--harness-commit", default=None, help="override the run's harness commit")
     rep.set_defaults(func=cmd_report)
@@ -394,7 +414,9 @@ def main(argv: list[str] | None = None) -> int:
                        description="Copy the pinned release's bound files (the ones the adapters read, from the "
                                    "hash-checked cache) into DIR laid out like the installed package. Edit them, "
                                    "then `k3num check --engine ENGINE --head DIR`. Exit 0 written, 2 bad input.")
-    t.add_argument("engine", help=f"one of {', '.join(sorted(fetch.PINS))}")
+    t.add_argument("engine", metavar="ENGINE[@VERSION]",
+                   help=f"a pinned release: one of {', '.join(sorted(fetch.all_release_specs()))} (ENGINE alone: its "
+                   "newest)")
     t.add_argument("dir", metavar="DIR", help="a new or empty folder")
     t.add_argument("--force", action="store_true", help="replace DIR if it exists")
     t.set_defaults(func=cmd_tree)
@@ -403,7 +425,10 @@ def main(argv: list[str] | None = None) -> int:
     check.add_parser(sub)
     coverage.add_parser(sub)
     impact.add_parser(sub)
-    bi = sub.add_parser("bisect", help="the first bad engine commit between --good and --bad: each revision checked "
+    bi = sub.add_parser("bisect", epilog="exit codes: 0 the first bad commit found (or the candidates left); 2 it "
+                                         "could not bisect (an engine without pins, a revision that does not judge "
+                                         "as its end says), with the reason",
+                        help="the first bad engine commit between --good and --bad: each revision checked "
                                        "out with git worktree and judged by k3num replay or selected properties")
     bi.add_argument("--engine", required=True, help="the engine the repository holds (vllm, sglang, tokenspeed)")
     bi.add_argument("--repo", required=True, help="a git repository laid out like the installed package")
@@ -412,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     how = bi.add_mutually_exclusive_group(required=True)
     how.add_argument("--bundle", help="judge each revision by `k3num replay BUNDLE`")
     how.add_argument("-k", help="judge each revision by the properties matching this pytest -k expression")
-    bi.add_argument("--profile", default="ci", help="hypothesis profile of -k runs (default ci)")
+    profiles.add_option(bi, "ci", "hypothesis profile of -k runs (default ci)")
     bi.add_argument("--device", default="cpu", help="device of --bundle replays (default cpu)")
     bi.set_defaults(func=cmd_bisect)
     args = ap.parse_args(argv)

@@ -526,15 +526,17 @@ def by_id(fix_id: str) -> Fix:
     raise ValueError(f"unknown fix {fix_id!r}; known: {[f.id for f in every]}")
 
 
-def pinned_tree(engine: str, dest: Path) -> Path:
-    """Copy the engine's pinned files from the hash-checked cache into `dest` (replaced if it exists),
-    laid out like the installed package: a tree for --engine-src, `k3num check --head`, a patch."""
-    src = fetch.cache_root() / f"{engine}-{fetch.PINS[engine].version}"
-    if not fetch.verified_manifest(engine):
-        raise FixError(f"{engine} is not fetched ({src}): run `k3num fetch {engine}`")
+def pinned_tree(spec: str, dest: Path) -> Path:
+    """Copy the pinned files of the release `spec` (ENGINE: its default; ENGINE@VERSION) from the hash-checked
+    cache into `dest` (replaced if it exists), laid out like the installed package: a tree for --engine-src,
+    `k3num check --head`, a patch. ValueError for a release not pinned."""
+    pin = fetch.release_pin(spec)
+    src = fetch.release_root(spec)
+    if not fetch.verified_manifest(spec):
+        raise FixError(f"{spec} is not fetched ({src}): run `k3num fetch {spec}`")
     if dest.exists():
         shutil.rmtree(dest)
-    for rel in fetch.PINS[engine].files:
+    for rel in pin.files:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src / rel, dest / rel)
     return dest

@@ -190,7 +190,7 @@ def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device
             engine = (around.engine(name, sources, mode) if around.SEP in name
                       else registry.get(name, sources, mode))
         except (registry.EngineUnavailable, around.Unavailable) as e:
-            rows.append({"engine": name, "drafter": "-", "paths": f"unavailable: {e}"[:200]})
+            rows.append({"engine": name, "drafter": "-", "paths": f"unavailable: {e}"})
             continue
         # the plain step, then the compositions the engine's subjects call for (harness/draft_step.VARIANTS: the PP
         # sum, the mixture in a tap), each a row of its own; a stream mismatch runs the plain step only
@@ -447,8 +447,9 @@ def cmd_impact(args: argparse.Namespace) -> int:
                          geometry=args.geometry, streams=streams)
     judged = table[table.get("positions", pd.Series(dtype=float)).notna()] if "positions" in table else table.iloc[0:0]
     if judged.empty:
-        print("[impact] ERROR: no engine binds a K3 path of either drafter's step: nothing was judged\n"
-              + table.to_string(index=False), file=sys.stderr)
+        causes = [f"{r['engine']} {r['drafter']}: {r['paths']}" for _, r in table.iterrows()]
+        print("[impact] ERROR: nothing was judged, because:\n" + "\n".join(f"  {c}" for c in causes)
+              + "\n(no engine binds a K3 path of either drafter's step)", file=sys.stderr)
         return 2
     mismatched = "served_stream" in table
     if args.format == "csv":
@@ -489,7 +490,7 @@ def reach_lines(names: list[str], sources: dict[str, Path]) -> str:
     from k3num.engines import registry
     from k3num.harness import draft_step
 
-    lines = ["Bound subjects the step does not run (each engine's others are in its rows' `paths`):", ""]
+    lines = []
     for name in names:
         try:
             engine = registry.get(name, sources, "auto")
@@ -497,7 +498,8 @@ def reach_lines(names: list[str], sources: dict[str, Path]) -> str:
             continue  # its row says why
         lines += [f"- {name}: {subject}: {why.removeprefix('not in the step: ')}"
                   for subject, why in draft_step.reach(engine).items() if not why.startswith("in the step")]
-    return "\n".join(lines) + "\n"
+    head = "Bound subjects the step does not run (each engine's others are in its rows' `paths`):"
+    return "\n".join([head, "", *lines]) + "\n" if lines else f"{head} none.\n"
 
 
 def _checkpoint_step(path: str, lm_head: str | None, device: str) -> Any:

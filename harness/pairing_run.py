@@ -40,9 +40,10 @@ from hypothesis.errors import HypothesisException
 
 from k3num.engines import registry
 from k3num.engines.base import Engine
-from k3num.harness import accounting, oracle_memo, side_cases
+from k3num.harness import oracle_memo, side_cases
 from k3num.oracles import pairing
 from k3num.oracles.drift import COLLECTOR
+from k3num.supply import fetch
 
 CONFIRM = 3  # reruns of the base on a case only the head failed (below)
 # the pass running now, scoped by _run_side (read by harness/recording.py and properties/support.py: only the
@@ -136,6 +137,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[CHECK] = CheckState()
 
 
+def base_tree(pin: str, head: fetch.Source) -> Path | None:
+    """The tree `--check-base pinned` reads for a head: the cache of the pinned release the head is judged as
+    (None: the engine's default release)."""
+    release = head.pin
+    return None if release is fetch.PINS[pin] else fetch.release_root(fetch.spec_of(release))
+
+
 def base_for(config: pytest.Config, head: Engine) -> Engine:
     """The base engine paired with `head` (built once); a base that cannot be built skips the test."""
     bases = config.stash[CHECK].bases
@@ -148,8 +156,9 @@ def base_for(config: pytest.Config, head: Engine) -> Engine:
         else:
             from k3num.harness.session_state import RUN
 
-            ctx = config.stash[RUN].with_source(head.name.split("-")[0],
-                                                None if spec == "pinned" else Path(spec).resolve())
+            pin = head.name.split("-")[0]
+            ctx = config.stash[RUN]
+            ctx = ctx.with_source(pin, base_tree(pin, ctx.source(pin)) if spec == "pinned" else Path(spec).resolve())
             built = registry.build(head.name, ctx.sources, ctx.engine_mode)
     except registry.EngineUnavailable as e:
         pytest.skip(f"base of {head.name} unavailable: {e}")
@@ -199,11 +208,17 @@ def _run_side(state: CheckState, inner, args, kwargs, side: str) -> tuple[str, s
     except HypothesisException:
         raise  # hypothesis' own control flow (a rejected draw) and its usage errors are not outcomes
     except (pytest.fail.Exception, Exception) as e:  # an assertion, a refusal not raised, any error
-        outcome, why = pairing.FAIL, accounting.clip(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                                                      300)
+        outcome, why = pairing.FAIL, failure_why(e)
     finally:
         _SIDE.reset(token)
     return outcome, why, COLLECTOR.records[n0:]
+
+
+def failure_why(e: BaseException) -> str:
+    """A failure as the check keeps it: the exception's type and its whole message, lines joined by " / "
+    (check.md wraps it; nothing is cut)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {' / '.join(lines)}"
 
 
 def _recording(kwargs: dict) -> tuple[dict, dict[str, _Recorder]]:

@@ -9,17 +9,8 @@ ledger's strict xfails, the `gpu` skips and the `dev` profile apply to the harne
 only (`run_scope.ours`), the `engine` parametrization only to tests that use this plugin's `engine`
 fixture, and a profile is loaded only when asked for or when the session holds tests of ours.
 
-Profiles (pick with --hypothesis-profile NAME; default "dev"):
-- dev: quick local runs (50 examples per property).
-- ci: derandomized, no example database, print_blob; the budget CI and the
-  mutant self-tests run under (40 examples per property).
-- nightly: >= 10,000 examples per property, for the scheduled GPU job.
-- nightly-1k: nightly with 1,000 examples per property (the GPU target of a recorded run).
-- gpu-smoke: 5 derandomized examples per property: does everything run on this GPU box at all.
-- ci-mutants: ci without the shrink phase, for the mutant self-test.
-- gate-proof: 300 random (not derandomized) examples, no database: the regression gate's proof.
-All have deadline=None: oracle and kernel timings vary too much for deadlines. They are the same
-whether or not the CI environment variable is set (hypothesis's own CI default is not inherited).
+Profiles: harness/profiles.py (pick with --hypothesis-profile NAME; default "dev", in force before the first
+test module of ours is imported). They are the same whether or not the CI environment variable is set.
 
 On a machine without CUDA the plugin sets TRITON_INTERPRET=1 when it is imported (before triton
 is first imported anywhere): there the engines' Triton kernels can only run under the interpreter.
@@ -47,11 +38,11 @@ if _WORKER and env.get("K3NUM_GPUS"):
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import settings
 from hypothesis.errors import InvalidArgument
 
 from k3num.engines import registry
-from k3num.harness import accounting, around, isolation, run, run_scope
+from k3num.harness import accounting, around, isolation, profiles, run, run_scope
 from k3num.harness import session_state as state
 from k3num.oracles import drift, ledger
 
@@ -60,7 +51,6 @@ from k3num.oracles import drift, ledger
 pytest_plugins = ["k3num.harness.run_isolation", "k3num.harness.run_summary", "k3num.harness.pairing_run",
                   "k3num.harness.ledger_run"]
 
-_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 if not _WORKER and torch.cuda.is_available():
     env.put("K3NUM_GPUS", ",".join(scaleout.visible_gpus(env.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count())))
 if not torch.cuda.is_available():
@@ -68,26 +58,7 @@ if not torch.cuda.is_available():
     # before triton is first imported (see engines.triton_support.require_interpreter)
     env.put_default("TRITON_INTERPRET", "1")
 
-# every profile is built on hypothesis's own "default" profile, not on settings.default: where the CI
-# environment variable is set (GitHub Actions, GitLab, most nightly runners) hypothesis makes its CI
-# profile the default, derandomized, and a profile registered without a parent would inherit that, so
-# the nightly would draw the same 10,000 examples every night and --shards would be refused
-_BASE = settings.get_profile("default")
-settings.register_profile("dev", parent=_BASE, max_examples=50, **_COMMON)
-settings.register_profile("ci", parent=_BASE, max_examples=40, derandomize=True, database=None, print_blob=True,
-                          **_COMMON)
-settings.register_profile("nightly", parent=_BASE, max_examples=10_000, print_blob=True, **_COMMON)
-settings.register_profile("nightly-1k", parent=settings.get_profile("nightly"), max_examples=1_000)
-settings.register_profile("gpu-smoke", parent=_BASE, max_examples=5, derandomize=True, database=None,
-                          print_blob=True, **_COMMON)
-# the ci example budget without the shrink phase: the mutant self-test only needs to know that a
-# mutant fails, not its minimal counterexample
-settings.register_profile("ci-mutants", parent=settings.get_profile("ci"),
-                          phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target])
-# the regression gate's proof (tests/test_history_gate.py): fresh random draws every run, so two runs
-# of one source differ by real sampling noise, and enough examples for a within-budget drift to show
-settings.register_profile("gate-proof", parent=_BASE, max_examples=300, database=None, **_COMMON)
-DEFAULT_PROFILE = "dev"
+DEFAULT_PROFILE = profiles.DEFAULT
 
 MARKERS = (
     "gpu: needs a CUDA device (skipped with a reason where there is none)",
@@ -206,11 +177,9 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     profile = config.getoption("hypothesis_profile", None)
     if profile:
         try:
-            settings.get_profile(profile)
-        except InvalidArgument:
-            known = sorted(getattr(settings, "_profiles", {}))
-            raise pytest.UsageError(f"--hypothesis-profile {profile}: not a registered profile; registered: "
-                                    f"{', '.join(known)}") from None
+            profiles.check(profile)
+        except ValueError as e:
+            raise pytest.UsageError(str(e)) from None
     for flag, target in (("--drift-csv", config.getoption("--drift-csv")),
                          ("--drift-dir", config.getoption("--drift-dir"))):
         if target:
@@ -312,13 +281,13 @@ def _context(config: pytest.Config) -> run.RunContext:
         raise pytest.UsageError(f"--engine {named[clash[0]]} and --engine-src {clash[0]}=...: a run reads one tree "
                                 "per engine (a pinned release, or a local tree)")
     sources.update({pin: fetch.release_root(spec) for pin, spec in named.items()})
-    for pin, tree in sources.items():  # a local tree says its version, or the run is refused naming the file
-        src = fetch.Source(pin, tree)
-        if src.local is not None and not fetch.missing_files(src):
-            try:
-                fetch.local_version(pin, tree)
-            except fetch.TreeVersionError as e:
-                raise pytest.UsageError(f"--engine-src {pin}={tree}: {e}") from e
+    for pin, tree in sources.items():  # a local tree is judged as the release it says, or refused before the run
+        try:
+            note = fetch.check_tree(pin, tree)
+        except ValueError as e:
+            raise pytest.UsageError(f"--engine-src {pin}={tree}: {e}") from None
+        if note and not hasattr(config, "workerinput"):
+            print(f"[k3num] --engine-src {pin}={tree}: {note}", file=sys.stderr)
     repro_dir = config.getoption("--repro-dir")
     if config.getoption("--repro-all") and repro_dir is None:
         raise pytest.UsageError("--repro-all: needs --repro-dir DIR")
@@ -362,6 +331,18 @@ def _uses_our_engine_fixture(metafunc: pytest.Metafunc) -> bool:
         return True  # pytest's internals moved: assume ours, as before
     func = getattr(defs[-1], "func", None)
     return getattr(func, "__module__", None) == __name__ and getattr(func, "__name__", None) == "engine"
+
+
+def _check_release(config: pytest.Config, engine: str) -> str:
+    """The release whose ledger a check's base is filed under: a base tree's (`--check-base PATH`), else the
+    release this side's tree is judged as (`--check-base pinned` reads that release's cache; a side of a
+    two-process check reads its own tree)."""
+    from k3num.supply import fetch
+
+    spec = config.getoption("--check-base", None)
+    if spec and spec != "pinned" and not spec.startswith("engine:"):
+        return fetch.Source(engine, Path(spec)).pin.version
+    return config.stash[RUN].source(engine).pin.version
 
 
 def _checking(config: pytest.Config) -> bool:
@@ -728,14 +709,32 @@ def _checkpoint_hits(ctx: run.RunContext, entry_id: str) -> bool:
     return c is not None and bool(ledger_cases.CHECKPOINT_RULES[entry_id].inside(c))
 
 
+def _default_profile(config: pytest.Config) -> None:
+    """Load DEFAULT_PROFILE when no --hypothesis-profile was given (once per process). It must be in force
+    before the first module of ours is imported: `@given` takes `settings.default` when it decorates a test,
+    so a profile loaded after the import (at collection's end) leaves hypothesis's own 200 ms deadline on
+    every property (a red run on correct code under plain `pytest`; tests/test_plain_pytest.py)."""
+    if config.getoption("hypothesis_profile", None) or config.stash.get(state.DEFAULT_LOADED, False):
+        return
+    settings.load_profile(DEFAULT_PROFILE)
+    config.stash[state.DEFAULT_LOADED] = True
+
+
+def pytest_collectstart(collector: pytest.Collector) -> None:
+    """A test module of ours is about to be imported: the suite's default profile first (`_default_profile`).
+    A foreign suite's modules collected before ours keep hypothesis's own default."""
+    if isinstance(collector, pytest.Module) and run_scope.own_path(str(collector.path)):
+        _default_profile(collector.config)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from k3num.harness import ledger_cases, ledger_run
     from k3num.supply import installed
     from k3num.supply.fetch import PINS, pinned_files
 
     ours = [item for item in items if run_scope.ours(item)]
-    if ours and not config.getoption("hypothesis_profile", None):
-        settings.load_profile(DEFAULT_PROFILE)
+    if ours:
+        _default_profile(config)
     _split_budgets(config, ours)
     # on a GPU, a failing example's tensors go when the example ends, not when the test does
     # (harness/isolation.py); --pdb and --showlocals keep them, to be looked at
@@ -761,7 +760,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         mode = installed.expected_mode(ctx.source(pin.engine), ctx.engine_mode) if pin else "reference"
         test = getattr(item, "originalname", item.name)
         # the release read (a check pairs against the entries of the pinned base it names)
-        release = (pin.version if checking else ctx.source(pin.engine).pin.version) if pin else ""
+        release = ((_check_release(config, pin.engine) if checking else ctx.source(pin.engine).pin.version)
+                   if pin else "")
         found = ledger.lookup_all(name, release, test, mode) if pin else []
         if checking:  # the entry filed on the pinned release names a known failure; nothing is marked
             item.k3num_check_ledger = found[0].id if found else ""  # type: ignore[attr-defined]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -15,6 +16,9 @@ from k3num.harness import session_state as state
 from k3num.harness.run_scope import bound_engines, engine_names, is_controller, ours, own_path
 from k3num.oracles.drift import SM100_NOTE, covers_vllm_attn_res, summarize
 from k3num.oracles.records import NOT_RUN
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class _Reports:
@@ -175,7 +179,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if book.account:
         tw.line("engines (how each was bound: tests run, skipped, known divergences):")
         shown = engine_names(config) + sorted(n for n in bound if around.SEP in n)  # the variants built (around.py)
-        for line in accounting.engine_lines(outcomes, bound, shown):
+        width = None if config.getoption("verbose", 0) > 0 else WIDTH
+        for line in accounting.engine_lines(outcomes, bound, shown, width and width - 2):
             tw.line(f"  {line}")
     for name, why in config.stash.get(state.EMPTY, []):
         tw.line(f"ERROR: engine {name} was asked for and ran no test: {why}", red=True)
@@ -189,10 +194,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         tw.line(f"ERROR: {len(never)} collected test(s) never ran ({_why_never(config)}): {', '.join(never[:5])}"
                 f"{' ...' if len(never) > 5 else ''}", red=True)
     frame = config.stash.get(state.FRAME, None)
-    summary = summarize(frame) if frame is not None else config.stash[state.DRIFT].summary()
+    summary = summarize(frame if frame is not None else config.stash[state.DRIFT].frame(),
+                        keys=("engine", "engine_version", "subject"))
     if not summary.empty:
-        tw.line("drift: worst err/budget ratio per engine and subject")
-        tw.line(summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        tw.line("drift: worst err/budget ratio per engine, release and subject"
+                + ("" if config.getoption("verbose", 0) > 0 else " (-v: every column)"))
+        tw.line(terminal_table(summary, verbose=config.getoption("verbose", 0) > 0))
         if covers_vllm_attn_res(summary):
             tw.line(SM100_NOTE)
     written = config.stash.get(state.CSV, None)
@@ -204,6 +211,23 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         tw.line(f"drift CSV: {csv} ({written[1]} records)" + (f"; latest: {shown(config, latest)}" if latest else ""))
         home = shown(config, Path(latest).parent if latest else Path(written[0]).parent)
         tw.line(f"next: {k3num_command()} report --history {home / 'history'} --out {home / 'report'} {csv}")
+
+
+WIDTH = 120  # the closing block's lines fit this many columns without -v
+
+
+def terminal_table(summary: pd.DataFrame, *, verbose: bool) -> str:
+    """The drift table as the log ends with it: every column under -v, else the ones a reader acts on, with
+    short headers, within WIDTH columns."""
+    fmt = lambda v: f"{v:.3g}"  # noqa: E731
+    if verbose:
+        return summary.to_string(index=False, float_format=fmt)
+    short = {"engine": "engine", "engine_version": "release", "subject": "subject", "records": "records",
+             "worst_ratio": "worst", "failures": "fail", "known_divergences": "known", "worst_property": "property"}
+    table = summary[[c for c in short if c in summary]].rename(columns=short)
+    if "property" in table:
+        table["property"] = table["property"].astype(str).map(lambda p: accounting.clip(p, 44))
+    return table.to_string(index=False, float_format=fmt)
 
 
 def k3num_command() -> str:

@@ -55,6 +55,7 @@ FRAME = pytest.StashKey[Any]()  # the drift CSV's frame as last written (pandas.
 CSV = pytest.StashKey[tuple[int, int]]()  # (records before this write, records after)
 LATEST = pytest.StashKey[str]()  # --drift-dir's drift.csv link
 BOUND = pytest.StashKey[dict]()  # engine -> how it was bound (merged from xdist workers)
+DEFAULT_LOADED = pytest.StashKey[bool]()  # the plugin loaded its default hypothesis profile (no --hypothesis-profile)
 EXAMPLES = pytest.StashKey[dict]()  # test -> examples run (merged from xdist workers)
 GPUS = pytest.StashKey[dict]()  # xdist worker -> its GPU
 LOST = pytest.StashKey[tuple[str, str]]()  # (node, why) of the test after which the CUDA context was lost

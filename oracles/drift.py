@@ -79,8 +79,8 @@ class DriftCollector:
         return summarize(self.frame())
 
 
-SM100_NOTE = ("vllm attn_res rows: the Triton kernel. On Blackwell (SM100) at hidden 7168 vLLM dispatches to a native "
-              "CUDA op (ops.kimi_k3_attn_res) instead; these rows do not cover it.")
+SM100_NOTE = ("vllm attn_res rows: the Triton kernel; on SM100 at hidden 7168 vLLM runs the native "
+              "ops.kimi_k3_attn_res instead (not covered)")
 
 
 def covers_vllm_attn_res(df: pd.DataFrame) -> bool:

@@ -2,7 +2,8 @@
 # The main job: the property suite against the default engines, writing the drift
 # CSV of this run to out/runs/drift-<UTC time>.csv with out/drift.csv linking to it
 # (--drift-dir out; a run never overwrites another's), then once more per other pinned
-# release (vLLM 0.34.0: out/runs/drift-<UTC time>-vllm-0.34.0.csv). Extra arguments go
+# release (each engine's default is its newest pin; vLLM's older one writes
+# out/runs/drift-<UTC time>-vllm-<version>.csv). Extra arguments go
 # to pytest; --engine or --engine-src make it one run, as asked, e.g.
 #   --engine mirror --hypothesis-profile nightly --drift-csv /tmp/d.csv
 set -euo pipefail

@@ -301,15 +301,17 @@ class Source:
 
     @property
     def pin(self) -> Pin:
-        """The pinned release read (the cache), or the one a local tree is compared with: the release its
-        version names when that one is pinned, else the default."""
+        """The pinned release read (the cache), or the one a local tree is judged as (`judged_as`: the release
+        its version names, else the newest pinned one below it; TreeVersionError when every pin is newer). A
+        tree that does not say its version is compared with the default release (and refused where it is run:
+        the plugin, the commands)."""
         if self.local is None:
             return release_pin(self.spec)
         try:
-            base = local_version(self.engine, self.local).partition("+")[0]
-        except TreeVersionError:  # a tree that does not say its version: refused where it is run (the plugin)
+            version = local_version(self.engine, self.local)
+        except TreeVersionError:
             return PINS[self.engine]
-        return next((p for p in _releases_of(self.engine) if p.version == base), PINS[self.engine])
+        return judged_as(self.engine, version)[0]
 
     @property
     def spec(self) -> str:
@@ -337,6 +339,59 @@ class Source:
                     return "unknown+local"
                 raise
         return self.pin.version
+
+
+def _release_key(version: str) -> tuple[int, ...]:
+    """The numeric release of a version string: "0.34.1.dev3+gabc" -> (0, 34, 1); () when it has none."""
+    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
+    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
+
+
+def judged_as(engine: str, version: str) -> tuple[Pin, str]:
+    """The pinned release a tree of `version` is judged as, and a note ("" when it is that release): the pin
+    of that version, else the newest pin at or below it (a patch release, a dev build, a checkout between
+    releases: its files, subjects, ledger entries and budgets are that pin's). TreeVersionError when no pin
+    is at or below it (a tree older than every pinned release: its files cannot be named)."""
+    base = version.partition("+")[0]
+    pins = _releases_of(engine)
+    exact = next((p for p in pins if p.version == base), None)
+    if exact is not None:
+        return exact, ""
+    key = _release_key(base)
+    below = [p for p in pins if key and _release_key(p.version) <= key]
+    if not below:
+        raise TreeVersionError(f"{engine} {version}: no pinned release at or below it (pinned: "
+                               f"{', '.join(p.version for p in pins)}); a tree is judged as the release it says "
+                               "it is, and this one is older than every pin")
+    pin = max(below, key=lambda p: _release_key(p.version))
+    return pin, f"{engine} {version} is not a pinned release: judged as {pin.version}, the newest pin below it"
+
+
+def check_tree(engine: str, root: Path) -> str:
+    """A local tree given for `engine` (--engine-src, --head), checked before anything runs: it says its
+    version (TreeVersionError naming the file), that version is judged as a pinned release (`judged_as`;
+    TreeVersionError when every pin is newer) and the tree holds that release's bound files (ValueError naming
+    the first missing ones). Returns judged_as's note ("" for a pinned version), for stderr. A pinned release's
+    own cache tree is that release ("")."""
+    if release_of_tree(engine, root) is not None:
+        return ""
+    pin = PINS[engine]
+    try:
+        version = local_version(engine, root)
+    except TreeVersionError:
+        missing = missing_in(engine, root)
+        if len(missing) == len(pin.files):
+            raise ValueError(f"{root}: holds none of {engine}'s bound files (nor {VERSION_FILES[engine]}): not a "
+                             f"tree laid out like the installed package (a checkout's root, or `k3num tree "
+                             f"{engine} DIR`)") from None
+        raise
+    release, note = judged_as(engine, version)
+    missing = [f for f in release.files if not (root / f).is_file()]
+    if missing:
+        raise ValueError(f"{root}: says {engine} {version} and lacks {len(missing)} of {release.version}'s "
+                         f"{len(release.files)} bound files: {', '.join(missing[:3])}"
+                         f"{' ...' if len(missing) > 3 else ''}")
+    return note
 
 
 def local_version(engine: str, root: Path) -> str:
@@ -456,7 +511,7 @@ def _verified_manifest(path: Path, sha256: str) -> dict[str, str] | None:
 def missing_files(src: "Source | str") -> list[str]:
     """The pinned files the engine's source lacks (a local tree, or a cache not fetched)."""
     src = source(src)
-    return missing_in(src.spec, src.root)
+    return [f for f in src.pin.files if not (src.root / f).is_file()]
 
 
 def missing_in(engine: str, root: Path) -> list[str]:
@@ -760,11 +815,11 @@ def fetch(engine: str, *, log: Log = print) -> Path:
         return cache_problems(engine) == [] and set(manifest(engine)) == set(pin.files)
 
     if current():
-        log(f"[fetch] {engine} {pin.version}: up to date in {root} ({len(pin.files)} files, hashes checked)")
+        log(f"[fetch] {pin.engine} {pin.version}: up to date in {root} ({len(pin.files)} files, hashes checked)")
         return root
     with cache_lock(_tree_name(pin), log=log):
         if current():  # another process fetched it while this one waited
-            log(f"[fetch] {engine} {pin.version}: up to date in {root} (fetched by another process)")
+            log(f"[fetch] {pin.engine} {pin.version}: up to date in {root} (fetched by another process)")
             return root
         wheels = cache_root() / "wheels"
         found: dict[Pin, Path] = {}
@@ -972,14 +1027,15 @@ def fetch_csrc(engine: str, *, log: Log = print) -> Path:
     `csrc_dir(engine)`: the sdist downloaded (or found in <cache>/sdists), checked against its pin, and its
     include closure of `SdistPin.roots` extracted with a MANIFEST.json whose own sha256 is pinned.
     Idempotent; repairs a changed tree."""
-    sdist_pin(engine)  # FetchError for an engine or release with no pinned sdist
+    spin = sdist_pin(engine)  # FetchError for an engine or release with no pinned sdist
     root = csrc_dir(engine)
+    said = f"{engine.partition('@')[0]} {spin.version} csrc"
     if not csrc_problems(engine):
-        log(f"[fetch] {engine} csrc: up to date in {root} (hashes checked)")
+        log(f"[fetch] {said}: up to date in {root} (hashes checked)")
         return root
     with cache_lock(root.name, log=log):
         if not csrc_problems(engine):  # another process extracted it while this one waited
-            log(f"[fetch] {engine} csrc: up to date in {root} (extracted by another process)")
+            log(f"[fetch] {said}: up to date in {root} (extracted by another process)")
             return root
         return _extract_csrc(engine, root, log)
 

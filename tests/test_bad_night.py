@@ -14,9 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from k3num.harness import cli
+from k3num.harness import cli, fixes
 from k3num.oracles import history as hist
 from k3num.oracles.drift import COLUMNS
+from k3num.supply import fetch
 
 ROOT = Path(__file__).resolve().parents[1]
 PROP = "properties/test_tap_owner.py"  # fast on every engine that has the rule, skipped on the others
@@ -30,16 +31,21 @@ def _pytest(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
 # --- nothing passes on nothing ---------------------------------------------------------------------
 
 
-def test_an_engine_src_without_the_engines_files_fails_the_run_naming_why(tmp_path: Path) -> None:
-    r = _pytest(PROP, "--engine-src", f"vllm={tmp_path}")
-    assert r.returncode == 1, r.stdout[-3000:]
-    for name in ("vllm", "vllm-rocm"):
-        assert re.search(rf"ERROR: engine {name} was asked for and ran no test: .*lacks", r.stdout), r.stdout[-3000:]
+def test_an_engine_src_without_the_engines_files_is_refused_before_the_run_naming_why(tmp_path: Path) -> None:
+    r = _pytest(PROP, "--engine-src", f"vllm={tmp_path}", "--drift-dir", str(tmp_path / "out"))
+    assert r.returncode == 4, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"--engine-src vllm={tmp_path}: {tmp_path}: holds none of vllm's bound files" in r.stderr, r.stderr[-3000:]
+    # nothing ran, so nothing was written and no latest link points at the refused run
+    assert not (tmp_path / "out" / "drift.csv").exists() and not list((tmp_path / "out").glob("runs/*.csv"))
 
 
-def test_a_named_engine_that_runs_nothing_fails_even_when_every_test_skipped(tmp_path: Path) -> None:
-    r = _pytest(PROP, "--engine", "vllm", "--engine-src", f"vllm={tmp_path}")
-    assert r.returncode == 1 and "ERROR: engine vllm was asked for and ran no test" in r.stdout, r.stdout[-3000:]
+def test_a_tree_missing_one_of_its_releases_files_is_refused_naming_the_file(tmp_path: Path) -> None:
+    tree = fixes.pinned_tree("vllm@0.33.0", tmp_path / "t")
+    gone = fetch.release_pin("vllm@0.33.0").files[-1]
+    (tree / gone).unlink()
+    r = _pytest(PROP, "--engine", "vllm", "--engine-src", f"vllm={tree}")
+    assert r.returncode == 4 and "says vllm 0.33.0 and lacks 1 of 0.33.0's" in r.stderr, r.stderr[-3000:]
+    assert gone in r.stderr
 
 
 def test_default_engines_may_skip_but_each_says_so_in_one_line() -> None:
@@ -159,9 +165,7 @@ def test_each_run_writes_its_own_csv_and_the_latest_link_follows(tmp_path: Path)
     assert (tmp_path / "drift.meta.json").resolve() == hist.meta_path(runs[-1]).resolve()
 
 
-def test_collect_only_with_an_engine_src_lacking_its_files_warns_as_a_run_fails(tmp_path: Path) -> None:
-    """issue 41: `pytest --co --engine-src vllm=<empty dir>` exited 0 silently; a run then exits 1."""
+def test_collect_only_with_an_engine_src_lacking_its_files_is_refused_as_a_run_is(tmp_path: Path) -> None:
+    """`pytest --co --engine-src vllm=<empty dir>` once exited 0 silently: it is refused like a run."""
     r = _pytest(PROP, "--co", "--engine-src", f"vllm={tmp_path}")
-    assert r.returncode == 0, r.stdout[-3000:]
-    assert re.search(rf"WARNING: --engine-src vllm={re.escape(str(tmp_path))} lacks the bound file\(s\) .*vllm, "
-                     r"vllm-rocm would run no test", r.stdout), r.stdout[-3000:]
+    assert r.returncode == 4 and "holds none of vllm's bound files" in r.stderr, r.stdout[-3000:] + r.stderr[-3000:]

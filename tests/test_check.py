@@ -271,7 +271,11 @@ def test_check_refuses_bad_input_before_running(tmp_path, capsys):
     assert "not a directory" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert cli.main(["check", "--engine", "vllm", "--head", str(tmp_path / "empty")]) == 2
-    assert f"lacks the bound file(s) {fetch.PINS['vllm'].files[0]}" in capsys.readouterr().err
+    assert "holds none of vllm's bound files" in capsys.readouterr().err
+    partial = fixes.pinned_tree("vllm@0.33.0", tmp_path / "partial")  # says 0.33.0, lacks one of its files
+    (partial / fetch.release_pin("vllm@0.33.0").files[-1]).unlink()
+    assert cli.main(["check", "--engine", "vllm", "--head", str(partial)]) == 2
+    assert "says vllm 0.33.0 and lacks 1 of 0.33.0's" in capsys.readouterr().err
 
 
 def test_check_says_when_its_selection_checked_nothing_and_leaves_the_last_result_as_it_was(tmp_path):

@@ -36,3 +36,12 @@ def test_a_newly_pinned_release_adds_its_run(monkeypatch: pytest.MonkeyPatch) ->
     labels = [label for label, _ in main_job.runs([], stamp="T")]
     assert labels == ["default", "vllm-0.33.0", "sglang-9.9.9"]
     assert main_job.runs([], stamp="T")[2][1] == ["--engine", "sglang@9.9.9"]
+
+
+def test_the_jobs_last_next_line_names_the_default_runs_history_and_each_release_its_own() -> None:
+    plan = main_job.runs(["--drift-dir", "out", "--hypothesis-profile=ci"], stamp="T")
+    lines = main_job.next_lines(plan)
+    assert lines[-1].endswith("report --history out/history --out out/report out/drift.csv"), lines
+    for label, _ in plan[1:]:
+        assert any(f"--history out/history-{label} " in ln and f"drift-T-{label}.csv" in ln for ln in lines), lines
+    assert main_job.next_lines(main_job.runs(["--drift-csv=/tmp/x/d.csv"])) == []

@@ -32,9 +32,9 @@ OPS_SUFFIX = "+ops"
 
 
 MISSING = {
-    base.CONTEXT_KV_UNFUSED: "vLLM 0.33.0 has only the fused path (the unfused one was removed)",
-    base.STAGE_PARTIAL: "vLLM 0.33.0 has no PP partial projection",
-    base.FINALIZE_PROJECTION: "vLLM 0.33.0 has no PP partial projection",
+    base.CONTEXT_KV_UNFUSED: "vLLM has only the fused path (the unfused one was removed before 0.33.0)",
+    base.STAGE_PARTIAL: "vLLM has no PP partial projection (no pinned release has one)",
+    base.FINALIZE_PROJECTION: "vLLM has no PP partial projection (no pinned release has one)",
     base.PROJECT_UNSHARDED: "not bound from vLLM",
     base.DRAFT_CONTEXT_KV: "not bound from vLLM",
 }

@@ -98,7 +98,7 @@ def pytest_command(args: argparse.Namespace, pin: str, head: Path, base: str, ou
     cmd = [sys.executable, "-m", "pytest", *_plugin_args(), "--pyargs", "k3num.properties", "--engine", args.engine,
            "--engine-src", f"{pin}={head}", "--engine-mode", "source", "--check-base", base,
            "--check-out", str(out), "--repro-dir", str(out / "repro"), "--drift-csv", str(out / "drift.csv"),
-           f"--hypothesis-profile={args.hypothesis_profile}", "-p", "no:cacheprovider", "-q", "-rN",
+           f"--hypothesis-profile={args.hypothesis_profile}", "-p", "no:cacheprovider", "-rN",
            "--check-moves-to", f"{out}={Path(args.out).expanduser().resolve()}"]
     if args.k:
         cmd += ["-k", args.k]
@@ -114,7 +114,7 @@ def side_command(args: argparse.Namespace, pin: str, tree: Path | None, side: st
     cmd = [sys.executable, "-m", "pytest", *_plugin_args(), "--pyargs", "k3num.properties", "--engine", args.engine,
            "--engine-mode", "source", "--check-side", side, "--check-out", str(out),
            "--drift-csv", str(out / "drift.csv"), f"--hypothesis-profile={args.hypothesis_profile}",
-           "-p", "no:cacheprovider", "-q", "-rN",
+           "-p", "no:cacheprovider", "-rN",
            "--check-moves-to", f"{out.parent}={Path(args.out).expanduser().resolve()}"]
     if tree is not None:
         cmd += ["--engine-src", f"{pin}={tree}"]

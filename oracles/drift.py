@@ -79,8 +79,8 @@ class DriftCollector:
         return summarize(self.frame())
 
 
-SM100_NOTE = ("vllm attn_res rows: the Triton kernel; on SM100 at hidden 7168 vLLM runs the native "
-              "ops.kimi_k3_attn_res instead (not covered)")
+SM100_NOTE = ("vllm attn_res rows: the Triton kernel; at hidden 7168 on SM100 vLLM runs the native "
+              "ops.kimi_k3_attn_res (not covered)")
 
 
 def covers_vllm_attn_res(df: pd.DataFrame) -> bool:

@@ -86,10 +86,16 @@ def search(commits: list[str], judge: Callable[[str], str], log: Callable[[str],
 
 
 def engine_files_present(tree: Path, engine: str) -> list[str]:
-    """The engine's pinned files missing from `tree` (empty when all are there)."""
+    """Why a revision's tree cannot be judged (empty when it can): it is judged as the release its version file
+    names (`fetch.check_tree`: the newest pin below a version no pin knows) and must hold that release's bound
+    files; a revision older than every pin, or one lacking files, is skipped with the reason."""
     from k3num.supply import fetch
 
-    return fetch.missing_in(engine, tree)
+    try:
+        fetch.check_tree(engine, tree.resolve())
+    except ValueError as e:
+        return [str(e)]
+    return []
 
 
 # what `k3num replay` says when it judged with the bundle's own reference and budget
@@ -154,8 +160,7 @@ def bisect(repo: Path, engine: str, good: str, bad: str, judge_tree: Callable[[P
             try:
                 missing = engine_files_present(wt, engine)
                 if missing:
-                    log(f"[bisect] {commit[:12]}: the engine files are missing ({', '.join(missing[:3])}"
-                        f"{', ...' if len(missing) > 3 else ''}): skipped")
+                    log(f"[bisect] {commit[:12]}: not judged ({missing[0]}): skipped")
                     return SKIP
                 verdict = judge_tree(wt)
                 if wt in getattr(judge_tree, "notes", {}):

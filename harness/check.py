@@ -171,6 +171,16 @@ def _entry(entry_id: str) -> str:
     return f"{entry_id} ({up})"
 
 
+def _flaky_note(entry_id: str) -> str:
+    """What a flaky failure in a test is: a known race only where the test's entry is a race."""
+    d = ledger.by_id(entry_id) if entry_id else None
+    if d is None:
+        return "; no ledger entry: a new race? (fails the check)"
+    if not d.race:
+        return f"; ledger {_entry(entry_id)} is not a race: a flaky failure there is new (fails the check)"
+    return f"; a known race: ledger {_entry(entry_id)}"
+
+
 def _cell(text: str) -> str:
     """A failure message whole in one Markdown table cell: its " / "-joined lines on lines of their own."""
     return str(text).replace("|", "/").replace(" / ", "<br>")
@@ -278,8 +288,7 @@ def markdown(found: pd.DataFrame, drift: pd.DataFrame, args: argparse.Namespace,
     if len(flaky):
         lines += ["", "## Flaky on the head (its failure did not repeat on the same case, or the test has a known "
                       "race)", ""]
-        lines += [f"- `{short(r.node)}`: {r.flaky} of {r.examples} examples"
-                  + (f"; a known race: ledger {_entry(r.ledger)}" if r.ledger else "; no ledger entry: a new race?")
+        lines += [f"- `{short(r.node)}`: {r.flaky} of {r.examples} examples" + _flaky_note(r.ledger)
                   for r in flaky.itertuples()]
     lines += ["", f"## Paired drift (sign test, one-sided, alpha {pairing.ALPHA:g}; oracles/pairing.py)", ""]
     if len(worse):

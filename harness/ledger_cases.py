@@ -21,6 +21,7 @@ xfail. A fix turns that case red on the pinned release, and the entry must go.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,10 +80,39 @@ class LedgerCase:
     # why the entry has no bug model in harness/ledger_models.py (its region rule alone decides known); an
     # entry with neither fails tests/test_ledger_records.py
     no_model: str = ""
+    # the signature of a failure inside the region, per test (its name -> a regex searched in "<Exception>:
+    # <message>"); a test not named here: JUDGED, the property's own verdict on a judged record. A failure inside
+    # the region that does not match (a TypeError, an IndexError, another assertion) is new, whatever its region
+    failures: dict[str, str] = field(default_factory=dict)
+
+    def failure_signature(self, test: str) -> str:
+        """The regex a failure of `test` inside this entry's region must match to be the entry's."""
+        return self.failures.get(test, JUDGED)
 
     def reproducer_view(self) -> Any:
         """What the rule reads for the reproducer (its drawn arguments, or the call they make)."""
         return AttnResCall.of_case(self.reproducer["case"]) if self.call else self.reproducer
+
+
+# a judged property's own failure (oracles/records.failure_message): "<property> [<engine> <version>, <mode>]
+# <subject> <dtype> <shape> seed=<seed>: ..." raised as an AssertionError by properties/support.report
+JUDGED = r"^AssertionError: [\w:.-]+ \[[^\],]+, [^\]]+\] \S+ \S+ \S+ seed=-?\d+: "
+
+
+def said(e: BaseException) -> str:
+    """A failure as the signatures read it: "<Exception>: <message>" (pytest.fail's is "Failed")."""
+    return f"{type(e).__name__}: {e}"
+
+
+def signature_mismatch(entry_id: str, test: str, failure: str) -> str:
+    """"" when `failure` ("<Exception>: <message>") matches the entry's failure signature for `test`, else why
+    not, naming the entry: the failure is not the entry's, whatever region it fell in."""
+    pattern = cases()[entry_id].failure_signature(test)
+    if re.search(pattern, failure):
+        return ""
+    first = failure.strip().splitlines()[0] if failure.strip() else ""
+    return (f"not {entry_id}'s failure: {first[:200]!r} does not match its signature for {test} /{pattern}/ "
+            "(harness/ledger_cases.py)")
 
 
 def every(_: dict[str, Any]) -> bool:

@@ -340,21 +340,23 @@ def _searched_sets(c: Call, a: dict[str, Any], once: torch.Tensor, twice: torch.
 
 
 def delta_applied_twice(calls: list[Call]) -> str:
-    """Every output row equals the mixture in which a set of 32-element segments of the prefix source (any set up
+    """Every output row is either the mixture with no segment raced (the race did not fire there) or, strictly
+    closer than that, the mixture in which a non-empty set of 32-element segments of the prefix source (any set up
     to EVERY_SUBSET segments, else the one `_searched_sets` finds) are bf16(bf16(p + d) + d) (the prefix read back
-    after the kernel's own store), within the call's budget (harness/judges.attn_res_oracle's, the accuracy
-    property's own)."""
+    after the kernel's own store), each within the call's budget (harness/judges.attn_res_oracle's); and at least
+    one row of one call is raced. A correct output (no row raced) or a near miss that no raced set explains
+    better than the correct mixture does is not this bug. Every distinct output is judged (compared whole)."""
     from k3num.harness import judges
 
     if not calls:
         return "no attn_res call was made"
     seen: set[bytes] = set()
+    raced_rows = 0
     for c in calls:
         a = _attn_res_args(c)
         if a.get("delta") is None or c.engine is None:
             return "a call without a delta (or its engine) cannot take the delta twice"
-        key = bytes(c.out.detach().cpu().contiguous().view(torch.uint8).flatten().tolist()[:4096]) + bytes(
-            str(c.out.float().sum().item()), "ascii")
+        key = c.out.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
         if key in seen:
             continue
         seen.add(key)
@@ -364,21 +366,28 @@ def delta_applied_twice(calls: list[Call]) -> str:
         bank = blocks.clone()
         if int(a["block_write_idx"]) >= 0:
             bank[:, int(a["block_write_idx"])] = p
-        _, budget = _mixture(c, a, p, bank)
+        clean, budget = _mixture(c, a, p, bank)
+        none = (c.out.double() - clean).abs().amax(dim=-1)  # [T] each row's distance from the unraced mixture
         if -(-prefix.shape[1] // SEGMENT) > EVERY_SUBSET:
             best = (c.out.double() - _searched_sets(c, a, p, twice, bank, c.out)).abs().amax(dim=-1)
         else:
             best = torch.full((prefix.shape[0],), float("inf"), dtype=torch.float64, device=prefix.device)
-            for segs in _segment_sets(prefix.shape[1]):
+            for segs in _segment_sets(prefix.shape[1])[1:]:  # every non-empty set (the empty one is `clean`)
                 raced = p.clone()
                 for sgm in segs:
                     raced[:, sgm * SEGMENT:(sgm + 1) * SEGMENT] = twice[:, sgm * SEGMENT:(sgm + 1) * SEGMENT]
                 want, _ = _mixture(c, a, raced, bank)
                 best = torch.minimum(best, (c.out.double() - want).abs().amax(dim=-1))
-        if not bool((best <= budget.value).all()):
-            worst = int(torch.argmax(best).item())
-            return (f"row {worst} of the output is {best[worst]:.3g} from every delta-twice variant (budget "
-                    f"{budget.value:.3g})")
+        raced_row = (best <= budget.value) & (best < none)
+        ok = raced_row | (none <= budget.value)
+        if not bool(ok.all()):
+            worst = int(torch.argmax(torch.where(ok, 0.0, torch.minimum(best, none))).item())
+            return (f"row {worst} of the output is {min(best[worst], none[worst]):.3g} from the unraced mixture and "
+                    f"every delta-twice variant (budget {budget.value:.3g})")
+        raced_rows += int(raced_row.sum())
+    if not raced_rows:
+        return ("no output shows the race: every row of every call is the unraced mixture, which no raced set "
+                "explains better (a correct output, or another bug)")
     return ""
 
 

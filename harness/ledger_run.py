@@ -81,8 +81,9 @@ def ledgered(inner):
             inside = [d.id for d in filed if ledger_cases.inside(d.id, drawn, calls)]
             if not inside:
                 raise  # outside every entry's cases: a failure like any other
-            # inside an entry's region, known only where its bug model explains what the engine computed
-            unexplained = {eid: ledger_models.explains(eid, recorded, str(e)) for eid in inside}
+            # inside an entry's region, known only where the failure is the entry's (its signature: the exception
+            # and the assertion) and its bug model explains what the engine computed
+            unexplained = {eid: why_not(eid, inner.__name__, e, recorded) for eid in inside}
             covering = [eid for eid in inside if not unexplained[eid]]
             if not covering:
                 note = ("; ".join(unexplained.values()) + ": inside the region of the ledger, but not its bug: "
@@ -122,8 +123,7 @@ def modelled(inner):
 
     @functools.wraps(inner)
     def body(*args, **kwargs):
-        filed = [d for d in entries_of.get(getattr(kwargs.get("engine"), "name", None), ())
-                 if d.id in ledger_models.MODELS]
+        filed = list(entries_of.get(getattr(kwargs.get("engine"), "name", None), ()))
         if not filed:
             return inner(*args, **kwargs)
         calls: dict[str, Any] = {}
@@ -136,7 +136,7 @@ def modelled(inner):
             raise
         except (pytest.fail.Exception, Exception) as e:
             inside = [d.id for d in filed if ledger_cases.inside(d.id, drawn, calls)]
-            why = [w for w in (ledger_models.explains(eid, recorded, str(e)) for eid in inside) if w]
+            why = [w for w in (why_not(eid, inner.__name__, e, recorded) for eid in inside) if w]
             if inside and len(why) == len(inside):
                 first = str(e).strip().splitlines()[0] if str(e).strip() else ""
                 # raised at once: the check's pairing catches each side's failure itself, per example
@@ -145,6 +145,17 @@ def modelled(inner):
 
     body._k3num_model_entries = entries_of  # type: ignore[attr-defined]
     return body
+
+
+def why_not(entry_id: str, test: str, e: BaseException, recorded: list) -> str:
+    """"" when the failure `e` of `test` is the entry's: it matches the entry's failure signature
+    (ledger_cases.signature_mismatch) and the entry's bug model explains the recorded calls (or, for a model
+    that reads the failure, its message); else why not, naming the entry."""
+    from k3num.harness import ledger_cases, ledger_models
+
+    failure = ledger_cases.said(e)
+    return ledger_cases.signature_mismatch(entry_id, test, failure) or ledger_models.explains(entry_id, recorded,
+                                                                                            failure)
 
 
 def model_subjects(entries) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ import pytest
 
 from k3num import properties
 from k3num.engines import registry
-from k3num.harness import ledger_models, ledger_run, pairing_run
+from k3num.harness import ledger_cases, ledger_models, ledger_run, pairing_run
 from k3num.harness.ledger_cases import CASES
 from k3num.harness.run_scope import engine_names as _engine_names
 from k3num.oracles import ledger, pairing, records
@@ -55,6 +55,10 @@ def attempt(entry_id: str, engine) -> tuple[str, str]:
         said = f"{type(e).__name__}: {first}"
         if not re.search(rule.signature, said):
             return OTHER, f"failed without {entry_id}'s signature /{rule.signature}/: {said[:300]}"
+        # the signature every failure inside the region must have holds for the reproducer's too
+        why = ledger_cases.signature_mismatch(entry_id, rule.test, ledger_cases.said(e))
+        if why:
+            return OTHER, why
         why = ledger_models.explains(entry_id, recorded, str(e))
         return (OTHER, f"{why}; {said[:200]}") if why else (REPRODUCED, said)
     return PASSED, ""

@@ -120,7 +120,7 @@ def test_reporting_one_run_twice_appends_it_once(tmp_path: Path, capsys) -> None
 @pytest.mark.parametrize("args, message", [
     (("--drift-csv", "/proc/x.csv"), r"^ERROR: --drift-csv /proc/x.csv: cannot write there \(.*\); give a path"),
     (("--hypothesis-profile", "nightlyy"),
-     r"^ERROR: --hypothesis-profile nightlyy: not a registered profile; registered: .*\bnightly\b"),
+     r"^ERROR: --hypothesis-profile nightlyy: not a registered profile; the suite.s: .*\bnightly\b"),
     (("--engine", "vlm"), r"^ERROR: --engine vlm: unknown engine\(s\) vlm; known: mirror, sglang, tokenspeed, vllm"),
 ])
 def test_bad_input_is_a_usage_error_of_one_line_before_anything_runs(args: tuple, message: str) -> None:

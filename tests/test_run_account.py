@@ -33,13 +33,15 @@ def run(tmp_path_factory):
 def test_a_run_that_exits_0_shows_no_failure_in_its_closing_table(run) -> None:
     r, _ = run
     assert r.returncode == 0, r.stdout[-3000:]
-    table = r.stdout.split("drift: worst err/budget ratio per engine and subject")[1].split("drift CSV:")[0]
-    header, *lines = table.strip().splitlines()
+    table = r.stdout.split("drift: worst err/budget ratio per engine, release and subject")[1].split("drift CSV:")[0]
+    header, *lines = table.split("\n", 1)[1].strip().splitlines()  # past the title line's "(-v: ...)" note
     col = {name: i for i, name in enumerate(header.split())}  # the columns by name (the last may be empty)
     rows = [line.split() for line in lines if line.strip() and not line.startswith("vllm attn")]
-    assert rows and all(row[col["failures"]] == "0" for row in rows), table
-    assert any(row[0] == "tokenspeed" and row[1] == "finalize_projection" and row[col["known_divergences"]] == "1"
-               for row in rows), table
+    assert rows and all(row[col["fail"]] == "0" for row in rows), table
+    # each row names its release: tokenspeed's finalize projection is 0.1.1's, with its one known divergence
+    assert any(row[0] == "tokenspeed" and row[col["release"]] == "0.1.1"
+               and row[col["subject"]] == "finalize_projection" and row[col["known"]] == "1" for row in rows), table
+    assert all(len(line) <= 120 for line in table.strip().splitlines() if not line.startswith("vllm attn")), table
 
 
 def test_the_skip_count_is_pytests(run) -> None:

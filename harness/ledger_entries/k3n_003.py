@@ -10,5 +10,6 @@ from k3num.harness.ledger_entries import Entry
 ENTRY = Entry(
     case=LedgerCase(EVERY_TAP, every, "test_branch3_non_final_stage_raises_when_configured_to",
                     {"case": TapCase(2, 1, 1, 0, 1, 16, 0)}, signature=r"^Failed: DID NOT RAISE",
+                    failures={"test_branch3_non_final_stage_raises_when_configured_to": r"^Failed: DID NOT RAISE"},
                     no_model=REFUSAL_NO_MODEL),
 )

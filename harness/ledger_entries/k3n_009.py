@@ -10,6 +10,8 @@ ENTRY = Entry(
     case=LedgerCase(EVERY_BANK, every, "test_attn_res_bank_indices_outside_the_bank_are_refused",
                     {"bank": 2, "over": 1, "which": "num_blocks", "seed": 0},
                     signature=r"^Failed: vllm accepted (num_blocks|block_write_idx)=\d+ with a bank of \d+ rows",
+                    failures={"test_attn_res_bank_indices_outside_the_bank_are_refused":
+                              r"^Failed: vllm accepted (num_blocks|block_write_idx)=\d+ with a bank of \d+ rows"},
                     no_model=REFUSAL_NO_MODEL),
     # both wrappers refuse indices outside the bank (K3N-010 too)
     fix=fixes.Fix("K3N-009/010", "vllm", ((fixes.VLLM_ATTN_RES, fixes.refuse_bank_indices_outside_the_bank),

@@ -10,5 +10,7 @@ ENTRY = Entry(
     case=LedgerCase(EVERY_BANK, every, "test_attn_res_bank_indices_outside_the_bank_are_refused",
                     {"bank": 2, "over": 1, "which": "num_blocks", "seed": 0},
                     signature=r"^Failed: vllm-rocm accepted (num_blocks|block_write_idx)=\d+ with a bank of \d+ rows",
+                    failures={"test_attn_res_bank_indices_outside_the_bank_are_refused":
+                              r"^Failed: vllm-rocm accepted (num_blocks|block_write_idx)=\d+ with a bank of \d+ rows"},
                     no_model=REFUSAL_NO_MODEL),
 )

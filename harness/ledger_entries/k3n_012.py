@@ -13,6 +13,12 @@ ENTRY = Entry(
                     {"layers": 5, "width": K3_WIDTH, "shared": False, "data": None, "seed": 0,
                      "naming": "compressed-tensors"},
                     signature=r"differs from the per-layer weights in \[0, 576, 576, 576, 576\] rows per layer",
+                    failures={"test_nvfp4_merged_shards_dequantize_to_the_per_layer_weights":
+                              r"^AssertionError: .*: dequantized as the NVFP4 GEMM reads it, the merged weight "
+                              r"differs from the per-layer weights in \[[0-9, ]+\] rows per layer",
+                              CHECKPOINT_TEST: r"^AssertionError: .*: dequantized as the GEMM reads it, the merged "
+                                               r"weight differs from the checkpoint's per-layer weights in \[[0-9, ]+\]"
+                                               r" rows per layer"},
                     no_model="the reproducer's signature is the model: every layer but the max-scale one rescaled, "
                              "[0, 576, 576, 576, 576] rows wrong; drawn cases other than the reproducer's are judged "
                              "by the region rule"),

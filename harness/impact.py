@@ -178,7 +178,7 @@ def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device
     that differs is the stream mismatch (`--stream-mismatch`), and its rows carry both."""
     from k3num.engines import registry
     from k3num.fixtures.builders import draft_step_inputs
-    from k3num.harness import around, draft_step
+    from k3num.harness import around, draft_step, ledger_models, ledger_run
     from k3num.harness.judges import LOW
 
     mirror = registry.get("mirror")
@@ -210,27 +210,33 @@ def engine_table(engines: list[str], sources: dict[str, Path], mode: str, device
                 rows.append({"engine": name, "drafter": kind,
                              "paths": f"not run: the checkpoint is a {checkpoint.kind} draft"})
                 continue
+            # the entries filed on the token property: each is named on the row only where its bug model explains
+            # the calls the row's step made (a flip its model rejects is not the entry's: the row stays unlabelled)
+            entries = [] if "served_stream" in cols else _filed(engine, sources, mode)
+            recorded: list = []
+            run_on = (ledger_run.record_calls(engine, ledger_run.model_subjects(entries), recorded) if entries
+                      else engine)
             try:
                 if checkpoint is not None:
                     for case in checkpoint_cases(checkpoint, n, seed, activations):
                         inp = draft_step_inputs(case, LOW, device, given=checkpoint)
                         inp = with_activations(inp, activations, device) if activations is not None else inp
-                        results.append(step(engine, mirror, kind, case, device, inputs=inp,
+                        results.append(step(run_on, mirror, kind, case, device, inputs=inp,
                                             geometry=checkpoint.geometry))
                 elif activations is None:
                     for case in (sample_cases(kind, n, seed) if geometry == "drawn" else preset_cases(kind, n, seed)):
-                        results.append(step(engine, mirror, kind, case, device))
+                        results.append(step(run_on, mirror, kind, case, device))
                 for case in (activation_cases(activations, kind, n, seed) if activations is not None
                              and checkpoint is None else ()):
                     inp = with_activations(draft_step_inputs(case, LOW, device), activations, device)
-                    results.append(step(engine, mirror, kind, case, device, inputs=inp))
+                    results.append(step(run_on, mirror, kind, case, device, inputs=inp))
             except draft_step.NoPathBound as e:
                 rows.append({"engine": name, "drafter": kind, "paths": f"none bound ({e})"[:200], **cols})
                 continue
             if log:
                 log(f"[impact] {name} {kind}{said}: {len(results)} blocks")
             # a stream mismatch is a deployment choice measured, not an engine bug: no ledger entry explains it
-            filed = "" if "served_stream" in cols else _filed(engine, sources, mode)
+            filed = ",".join(d.id for d in entries if not ledger_models.explains(d.id, recorded))
             rows.append({**_aggregate(name, kind, results, filed), **cols})
     return pd.DataFrame(rows)
 
@@ -247,9 +253,10 @@ def _composed(variant: Any, engine: Any, mirror: Any, kind: str, case: Any, devi
     return draft_step.run(engine, mirror, kind, case, device, subjects=variant.subjects(engine, case), **kw)
 
 
-def _filed(engine: Any, sources: dict[str, Path], mode: str) -> str:
+def _filed(engine: Any, sources: dict[str, Path], mode: str) -> list:
     """The ledger entries filed on the token property for this engine, while their files are the bytes run
-    (an entry whose files a local tree changed is judged plainly): a divergence they explain is known."""
+    (an entry whose files a local tree changed is judged plainly): a divergence they explain (their bug models
+    judge the step's calls: engine_table) is known."""
     from k3num.harness import around
     from k3num.oracles import ledger
     from k3num.supply import fetch, installed
@@ -257,11 +264,11 @@ def _filed(engine: Any, sources: dict[str, Path], mode: str) -> str:
     name, fix = around.split(engine.name)
     pin = fetch.PINS.get(name.split("-")[0])
     if pin is None:
-        return ""
+        return []
     src = fetch.source_of(pin.engine, sources)
     found = ledger.lookup_all(name, src.pin.version, TOKEN_TEST, installed.expected_mode(src, mode))
     found = around.unfixed_entries(fix, found) if fix is not None else found
-    return ",".join(d.id for d in found if fetch.pinned_files(src, d.files))
+    return [d for d in found if fetch.pinned_files(src, d.files)]
 
 
 def _aggregate(name: str, kind: str, results: list[Any], ledger: str = "") -> dict[str, Any]:

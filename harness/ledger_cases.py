@@ -115,6 +115,18 @@ def signature_mismatch(entry_id: str, test: str, failure: str) -> str:
             "(harness/ledger_cases.py)")
 
 
+def exception_types(pattern: str) -> tuple[type[BaseException], ...]:
+    """The exceptions a failure signature names (each alternative's "^Name:"), for pytest's xfail `raises=`:
+    builtins by name, "Failed" as pytest.fail's; () when it names none."""
+    import builtins
+
+    import pytest
+
+    named = dict.fromkeys(re.findall(r"\^(\w+):", pattern))
+    found = [pytest.fail.Exception if n == "Failed" else getattr(builtins, n, None) for n in named]
+    return tuple(t for t in found if isinstance(t, type) and issubclass(t, BaseException))
+
+
 def every(_: dict[str, Any]) -> bool:
     """The rule of an entry whose finding is that the tested branch itself is wrong: every case is inside."""
     return True

@@ -784,9 +784,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if hit:
             d = hit[0]
             item.k3num_ledger = d.id  # type: ignore[attr-defined]
-            item.add_marker(pytest.mark.xfail(strict=True, reason=(
+            # strict, and only with the entry's own exception (its failure signature for the test): an error of
+            # another kind on the user's checkpoint fails the test, not xfails it
+            raises = ledger_cases.exception_types(ledger_cases.CASES[d.id].failure_signature(test))
+            item.add_marker(pytest.mark.xfail(strict=True, raises=raises or None, reason=(
                 f"{d.id} ({d.upstream}): your checkpoint {ctx.checkpoint} is inside it: "
-                f"{ledger_cases.CHECKPOINT_RULES[d.id].meaning}")))
+                f"{ledger_cases.CHECKPOINT_RULES[d.id].meaning} (raising "
+                f"{', '.join(t.__name__ for t in raises) or 'any exception'})")))
             continue
         if not found:
             continue

@@ -221,7 +221,11 @@ LEDGER: tuple[Divergence, ...] = (
              "layer l's scale rows at ceil(576 l / 128) (adjust_block_scale_shard) while the block GEMM reads row r "
              "with scale row r // 128; a merged block also straddles two layers that have two scales. Layers 1 and "
              "3 dequantize wrong in 320 of 576 rows, and the scale rows layers 2 and 4 share with 1 and 3 hold "
-             "whichever shard arrived last. Shards that are whole blocks (W % 128 == 0) load right in any order",
+             "whichever shard arrived last. With an even number of layers the last layer's scale rows, placed at "
+             "ceil(576 (L-1) / 128) for ceil(576 / 128) rows, run past the merged scale's ceil(576 L / 128) rows, "
+             "and the loader's narrow raises (2 layers: RuntimeError 'start (5) + length (5) exceeds dimension "
+             "size (9)', seen by the entry's failure signature). Shards that are whole blocks (W % 128 == 0) load "
+             "right in any order",
         reproducer="5 layers x 576 rows, hidden 256, per-layer block scales (refmodel.quant.quantize_fp8_block), "
                    "arrival order 0..4: rows wrong per layer [0, 320, 0, 320, 0]; order [2, 0, 1] with 3 layers: "
                    "[0, 320, 128] (properties/test_quantized_loading.py, CPU, vLLM's own loader code)",

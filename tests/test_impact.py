@@ -262,3 +262,32 @@ def test_every_bound_subject_is_in_the_step_or_listed_with_why_it_is_not() -> No
         for n in names:
             assert draft_step.reach(engine)[n] == (f"in the step: dspark, dflash, in the `{variant}` rows (composed "
                                                    "with the mirror's other paths)"), n
+
+
+def test_impact_files_a_rows_flips_to_an_entry_only_where_its_model_explains_them(monkeypatch) -> None:
+    """A row's flips are K3N-001's only where K3N-001's bug model (the tap returns the prefix) explains the calls the
+    row's step made: a ROCm tap that returns 1.03 x what it returns now is inside the entry's region (every case)
+    but not its bug, so its rows stay unlabelled (and the command exits 1); the pinned tap's rows name it."""
+    if fetch.missing_files("vllm"):
+        pytest.skip("vllm is not fetched (k3num fetch vllm)")
+    import dataclasses
+
+    from k3num.engines import base, registry
+    from k3num.harness import impact
+
+    real_get = registry.get
+    pinned = real_get("vllm-rocm")
+    tap = pinned.subjects[base.AUX_CAPTURE]
+
+    def scaled(*args, **kwargs):
+        out = tap(*args, **kwargs)
+        return (out.float() * 1.03).to(out.dtype)
+
+    broken = dataclasses.replace(pinned, subjects={**pinned.subjects, base.AUX_CAPTURE: scaled})
+    plain = impact.engine_table(["vllm-rocm"], {}, "auto", "cpu", 2, 0)
+    assert set(plain.loc[plain["engine"] == "vllm-rocm", "ledger"]) == {"K3N-001"}, plain
+    monkeypatch.setattr(registry, "get",
+                        lambda name, *a, **k: broken if name == "vllm-rocm" else real_get(name, *a, **k))
+    table = impact.engine_table(["vllm-rocm"], {}, "auto", "cpu", 2, 0)
+    rows = table[table["engine"] == "vllm-rocm"]
+    assert len(rows) and set(rows["ledger"]) == {""}, rows

@@ -121,3 +121,12 @@ def test_a_deterministic_head_failure_is_confirmed_on_the_head_only():
     from k3num.harness import pairing_run
 
     assert (64 / 200) ** (1 + pairing_run.HEAD_CONFIRM) < 0.002
+
+
+def test_a_checkpoint_inside_an_entry_xfails_only_with_the_entrys_own_exceptions():
+    """The checkpoint rule's strict xfail names its exceptions (`raises=`), read from the entry's failure signature
+    for the checkpoint test: K3N-011's misplaced rows (AssertionError) or its loader's narrow (RuntimeError)."""
+    sig = ledger_cases.cases()["K3N-011"].failure_signature(ledger_cases.CHECKPOINT_TEST)
+    assert ledger_cases.exception_types(sig) == (AssertionError, RuntimeError)
+    assert ledger_cases.exception_types(ledger_cases.JUDGED) == (AssertionError,)
+    assert ledger_cases.exception_types(r"^Failed: DID NOT RAISE") == (pytest.fail.Exception,)

@@ -201,7 +201,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     from k3num.harness.nightly import report
     from k3num.oracles import history as hist
 
-    if not args.check:  # the run's CSVs first: a bad one is refused before the history folder is made
+    try:  # a history that cannot be made or written is refused before anything is read (nothing is made yet)
+        hist.could_write(args.history)
+    except hist.HistoryError as e:
+        print(f"[report] ERROR: {e}", file=sys.stderr)
+        return 2
+    if not args.check:  # then the run's CSVs: a bad one is refused before the history folder is made
         if not args.csv:
             print("[report] ERROR: no drift CSV given (k3num report --history DIR CSV...)", file=sys.stderr)
             return 2

@@ -228,6 +228,24 @@ def check_writable(history: str | os.PathLike[str]) -> Path:
     return d
 
 
+def could_write(history: str | os.PathLike[str]) -> None:
+    """HistoryError when the history directory could not be made or written, judged without making anything:
+    an existing directory must be writable, a missing one's nearest existing ancestor a writable directory (a
+    bad run's CSV then leaves no empty history folder behind; `check_writable` makes it)."""
+    d = Path(history)
+    if d.exists():
+        if not d.is_dir():
+            raise HistoryError(f"history directory {d}: not a directory")
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise HistoryError(f"history directory {d}: not writable")
+        return
+    up = d.parent
+    while not up.exists() and up != up.parent:
+        up = up.parent
+    if not up.is_dir() or not os.access(up, os.W_OK | os.X_OK):
+        raise HistoryError(f"history directory {d}: cannot be created: {up} is not a writable directory")
+
+
 def write_run(history: str | os.PathLike[str], run: dict) -> Path:
     """Store a run as DIR/<run id>.json (a second run of the same second and commit gets a suffix)."""
     d = check_writable(history)

@@ -343,3 +343,9 @@ def test_report_shows_the_token_table_and_each_entrys_severity_from_impact(tmp_p
     bad.write_text("entry,severity\nK3N-001,x\n")
     assert cli.main(["report", "--history", str(tmp_path / "h2"), "--impact", str(bad), str(csv)]) == 2
     assert "no column role" in capsys.readouterr().err
+
+
+def test_a_bad_csv_is_refused_before_the_history_directory_is_made(tmp_path, capsys):
+    rc = cli.main(["report", "--history", str(tmp_path / "h"), str(tmp_path / "missing.csv")])
+    assert rc == 2 and "cannot be read as CSV" in capsys.readouterr().err
+    assert not (tmp_path / "h").exists()

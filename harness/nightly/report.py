@@ -84,7 +84,9 @@ def worst_cases(run: dict, top: int = 15) -> pd.DataFrame:
                 f"k3num replay {q('R/' + bundle)}")
 
     w["replay"] = w.apply(command, axis=1)
-    return w[["engine", "subject", "property", "ratio", "max_abs", "budget", "shape", "seed", "ledger", "replay"]]
+    w = w.assign(release=w["engine_version"] if "engine_version" in w else "")
+    return w[["engine", "release", "subject", "property", "ratio", "max_abs", "budget", "shape", "seed", "ledger",
+              "replay"]]
 
 
 def ledger_status(run: dict) -> pd.DataFrame:
@@ -170,7 +172,8 @@ def latest_summary(run: dict) -> pd.DataFrame:
     g["median_ratio"] = g["q"].map(lambda q: q[50])
     if "median_roundings" not in g:
         g["median_roundings"] = float("nan")  # a history file from before the rounding count
-    return g[["engine", "subject", "property", "mode", "device", "records", "median_ratio", "worst_ratio",
+    g["release"] = g["engine_version"] if "engine_version" in g else ""  # a history file from before it: blank
+    return g[["engine", "release", "subject", "property", "mode", "device", "records", "median_ratio", "worst_ratio",
               "median_roundings", "failures", "known_divergences", "nondeterministic"]]
 
 

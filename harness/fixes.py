@@ -309,6 +309,23 @@ def rocm_tap_mixes_the_next_layer(text: str, path: str) -> str:
     return "".join(lines)
 
 
+def combine_softmax_without_max(text: str, path: str) -> str:
+    """Planted bug (numeric, exact in exact arithmetic): SGLang's `_combine_kernel` takes exp of the raw scores
+    without subtracting their maximum first. Equal to the kernel wherever |score| stays inside float32 exp's
+    range; inf / inf or 0 / 0 past it (properties/test_extreme_scores.py draws scores there)."""
+    return _replace_in(text, path, "_combine_kernel", r"tl\.exp\(raw - m\)", "tl.exp(raw - m)", "tl.exp(raw)")
+
+
+def online_softmax_without_max(text: str, path: str) -> str:
+    """Planted bug (numeric, exact in exact arithmetic): vLLM's `_attn_res_kernel` keeps its online softmax's
+    running sums unscaled (exp of the raw scores, no rescale by the running maximum). The same mixture in exact
+    arithmetic; inf / inf or 0 / 0 once a score leaves float32 exp's range."""
+    text = _replace_in(text, path, "_attn_res_kernel", r"^\s*old_scale = tl\.exp\(max_logit - new_max_logit\)\s*$",
+                       "tl.exp(max_logit - new_max_logit)", "1.0")
+    return _replace_in(text, path, "_attn_res_kernel", r"^\s*block_scales = tl\.exp\(scores - new_max_logit\)\s*$",
+                       "tl.exp(scores - new_max_logit)", "tl.exp(scores)")
+
+
 def score_norm_by_padded_width(text: str, path: str) -> str:
     """Planted bug (a masked-lane slip, issue 37/38): ROCm's _attn_res_kernel divides each source's sum of
     squares by the padded block width BLOCK_D instead of hidden_size, so every hidden size that is not a power of
@@ -445,6 +462,12 @@ TREE_MUTANTS: tuple[Fix, ...] = (
     Fix("unmasked-load", "vllm", ((VLLM_ATTN_RES, unmask_source_columns),), ("vllm",),
         ("properties/test_off_path_shapes.py::test_attn_res_off_path_shapes_within_budget_or_refused",
          "properties/test_poisoned_memory.py::test_attn_res_writes_every_output_element_and_nothing_outside_its_rows")),
+    # softmaxes without their max subtraction, exact until a score leaves exp's range: the suite's moderate scores
+    # passed them whole; properties/test_extreme_scores.py draws scores past it
+    Fix("combine-softmax-without-max", "sglang", ((SGLANG_ATTN, combine_softmax_without_max),), ("sglang",),
+        ("properties/test_extreme_scores.py::test_read_only_mixture_within_budget_where_scores_leave_exps_range",)),
+    Fix("online-softmax-without-max", "vllm", ((VLLM_ATTN_RES, online_softmax_without_max),), ("vllm",),
+        ("properties/test_extreme_scores.py::test_attn_res_within_budget_where_scores_leave_exps_range",)),
 )
 
 

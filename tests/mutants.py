@@ -246,7 +246,28 @@ def _mix_without_prefix(prefix, bank, nvb, norm, proj, eps):
     return torch.einsum("ts,tsh->th", torch.softmax(logits, -1), src).to(prefix.dtype)
 
 
+def _attn_res_softmax_without_max(prefix, delta, blocks, norm, qk, onorm, num_blocks, write_idx, eps, oeps):
+    """The mirror's kernel with a softmax that skips its max subtraction (float32 exp of the raw scores): exact in
+    exact arithmetic, inf / inf or 0 / 0 once a score leaves exp's range."""
+    a = torch.float32
+    if delta is not None:
+        prefix.copy_((prefix.to(a) + delta.to(a)).to(prefix.dtype))
+    if write_idx >= 0:
+        blocks[:, write_idx].copy_(prefix)
+    if num_blocks == 0:
+        mixed = prefix.to(a)
+    else:
+        src = torch.cat([blocks[:, :num_blocks].to(a), prefix.to(a).unsqueeze(1)], dim=1)
+        logits = (src @ (norm.to(a) * qk.to(a))) * torch.rsqrt(src.square().mean(-1) + eps)
+        e = logits.exp()
+        mixed = torch.einsum("ts,tsh->th", e / e.sum(-1, keepdim=True), src)
+    if onorm is not None:
+        mixed = mixed * torch.rsqrt(mixed.square().mean(-1, keepdim=True) + oeps) * onorm.to(a)
+    return mixed.to(prefix.dtype)
+
+
 MUTANTS: dict[str, dict[str, base.Subject]] = {
+    "softmax_without_max_subtraction": {base.ATTN_RES: _attn_res_softmax_without_max},
     "draft_k_norm_across_heads": {base.DRAFT_CONTEXT_KV: _draft_kv_norm_across_heads},
     "one_bank_row_too_many": {base.ATTN_RES: _attn_res_one_bank_row_too_many},
     "bank_row_written_before_delta": {base.ATTN_RES: _attn_res_bank_written_before_delta},

@@ -62,3 +62,6 @@ def test_the_cpu_visible_kernel_mutants_are_caught(tmp_path: Path) -> None:
     assert "layer0-norm-weight" in table
     # the same slip in TokenSpeed's write_context_kv, bound once the census (harness/census.py) listed it
     assert "layer0-context-write" in table
+    # softmaxes without their max subtraction (SGLang's combine, vLLM's online softmax): exact at moderate scores,
+    # caught by the scores past exp's range (properties/test_extreme_scores.py)
+    assert "combine-softmax-without-max" in table and "online-softmax-without-max" in table

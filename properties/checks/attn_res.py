@@ -45,9 +45,13 @@ def call_attn_res(engine, inp: AttnResInputs, case: AttnResCase) -> torch.Tensor
 
 
 def check_attn_res_within_rounding_budget(engine, case: AttnResCase, device: str,
-                                          prop: str = "attn_res_within_rounding_budget", climb: bool = True) -> None:
-    """One attn_res call on `case` judged against the oracle (write, then mix) under mixture_budget."""
+                                          prop: str = "attn_res_within_rounding_budget", climb: bool = True,
+                                          qk_scale: float = 1.0) -> None:
+    """One attn_res call on `case` judged against the oracle (write, then mix) under mixture_budget; `qk_scale`
+    multiplies the drawn qk weight (the softmax's scores scale with it), rounded to storage as drawn."""
     inp = attn_res_inputs(case, LOW, device)
+    if qk_scale != 1.0:
+        inp = dataclasses.replace(inp, qk=(inp.qk.double() * qk_scale).to(inp.qk.dtype))
     want, budget = attn_res_oracle(engine, inp.prefix, inp.delta, inp.blocks, inp.norm, inp.qk, inp.out_norm,
                                    case.num_blocks, case.block_write_idx)
     out = call_attn_res(engine, inp, case)

@@ -219,6 +219,8 @@ class Capabilities(Mapping[str, Any]):
     projection_roundings: dict[str, Any] | None = _cap("fact", "-",
                                                        "dict: the roundings of the stage partials it returns")
     aux_capture_owner_stage: bool | None = _cap("fact", "-", "bool: the aux tap is taken on its owner stage")
+    aux_capture_takes_pending: bool | None = _cap("fact", "-", "bool: whether its model takes the aux tap with the "
+                                                  "pending MLP output (False: of the running prefix sum alone)")
     logit_dtype: dict[str, Any] | None = _cap("fact", "-",
                                               "dict: subject -> the dtype (or a rule) of its mixture's logits")
     kv_transfer_missing: str | None = _cap("fact", "-", "str: why kv_transfer is not bound")

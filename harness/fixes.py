@@ -32,6 +32,7 @@ SGLANG_MATERIALIZE = "sglang/kernels/ops/speculative/fused_kv_materialize.py"
 SGLANG_DRAFT_KV = "sglang/kernels/ops/speculative/dspark/fused_kv_write.py"
 TOKENSPEED_MODEL = "tokenspeed/runtime/models/kimi_k3_dspark.py"
 TOKENSPEED_CONTEXT = "tokenspeed/runtime/execution/dspark_context.py"
+TOKENSPEED_KIMI_K3 = "tokenspeed/runtime/models/kimi_k3.py"
 VLLM_DSPARK = "vllm/models/kimi_k3/nvidia/dspark_mla.py"
 ROCM_LINEAR = "vllm/models/kimi_k3/amd/linear.py"
 
@@ -326,6 +327,14 @@ def online_softmax_without_max(text: str, path: str) -> str:
                        "tl.exp(scores - new_max_logit)", "tl.exp(scores)")
 
 
+def prefix_tap_aliases_the_running_prefix(text: str, path: str) -> str:
+    """Planted bug (a lifetime slip): TokenSpeed's prefix-stream tap (`_dspark_capture_stream` with the stream
+    flag off) returns the running prefix sum itself instead of `prefix_sum.clone()`. Right when judged at once;
+    the next layers' in-place residual adds then change a tap already handed to the draft."""
+    return _replace_in_method(text, path, "_dspark_capture_stream", r"^\s*return prefix_sum\.clone\(\)\s*$",
+                              "prefix_sum.clone()", "prefix_sum")
+
+
 def score_norm_by_padded_width(text: str, path: str) -> str:
     """Planted bug (a masked-lane slip, issue 37/38): ROCm's _attn_res_kernel divides each source's sum of
     squares by the padded block width BLOCK_D instead of hidden_size, so every hidden size that is not a power of
@@ -468,6 +477,11 @@ TREE_MUTANTS: tuple[Fix, ...] = (
         ("properties/test_extreme_scores.py::test_read_only_mixture_within_budget_where_scores_leave_exps_range",)),
     Fix("online-softmax-without-max", "vllm", ((VLLM_ATTN_RES, online_softmax_without_max),), ("vllm",),
         ("properties/test_extreme_scores.py::test_attn_res_within_budget_where_scores_leave_exps_range",)),
+    # a tap that aliases the running prefix: right when judged at once, moved by the next layers' in-place adds
+    Fix("prefix-tap-aliases-the-running-prefix", "tokenspeed",
+        ((TOKENSPEED_KIMI_K3, prefix_tap_aliases_the_running_prefix),), ("tokenspeed",),
+        ("properties/test_aux_tap.py::"
+         "test_a_tap_handed_on_keeps_its_value_when_the_next_layers_change_their_buffers_in_place",)),
 )
 
 

@@ -151,6 +151,26 @@ def test_a_stage_end_tap_taken_by_the_next_stage_mixes_with_its_weights(engine, 
                  detail=f"layer={case.layer_idx};S={case.block_size};L={case.num_layers}"))
 
 
+@given(case=tap_cases(position="inner"), flag_off=st.booleans())
+def test_a_tap_handed_on_keeps_its_value_when_the_next_layers_change_their_buffers_in_place(
+        engine, case: TapCase, flag_off: bool) -> None:
+    """The tap is the draft's input from the moment it is taken, while the target goes on: taken as the engine's
+    model takes it (with the pending MLP output, or, where the engine declares so, of the running prefix sum
+    alone: extras["aux_capture_takes_pending"]), then the prefix sum, the pending output and the bank are changed
+    in place as the next layers' residual adds change them, and the next tap is taken: the first tap keeps its
+    value bit for bit. A tap that is the running prefix itself, or a view of the bank, or a workspace the next
+    call reuses, moves."""
+    inp = tap_inputs(case, LOW, DEVICE)
+    pending = engine.extras.get("aux_capture_takes_pending", True)
+    got = _tap(engine, case, inp, enabled=not flag_off, pending=pending)
+    kept = got.clone()
+    for t in (inp.prefix_sum, inp.pending, inp.bank):  # the next layers' in-place residual adds
+        t.add_(1.0)
+    _tap(engine, case, inp, enabled=not flag_off, pending=pending)  # the next tap
+    assert_bitwise(got, kept, "a tap after the next layers changed the prefix sum, the pending output and the bank "
+                              "in place and took the next tap")
+
+
 @given(case=tap_cases(position="inner"), position=st.sampled_from(["inner", "last", "non_final"]))
 def test_capture_leaves_the_callers_tensors_untouched(engine, case: TapCase, position: str) -> None:
     inp = tap_inputs(case, LOW, DEVICE)

@@ -266,8 +266,20 @@ def _attn_res_softmax_without_max(prefix, delta, blocks, norm, qk, onorm, num_bl
     return mixed.to(prefix.dtype)
 
 
+_TAP_WORKSPACE: dict[tuple, torch.Tensor] = {}
+
+
+def _capture_into_a_reused_workspace(layer_idx, prefix_sum, pending, bank, **kw):
+    """The mirror's tap, returned in one workspace per shape that every call reuses: each tap is right when it is
+    returned, and the next call overwrites the one the draft holds."""
+    out = m_attn.capture_aux_stream(layer_idx, prefix_sum, pending, bank, **kw)
+    buf = _TAP_WORKSPACE.setdefault((tuple(out.shape), out.dtype, str(out.device)), torch.empty_like(out))
+    return buf.copy_(out)
+
+
 MUTANTS: dict[str, dict[str, base.Subject]] = {
     "softmax_without_max_subtraction": {base.ATTN_RES: _attn_res_softmax_without_max},
+    "tap_in_a_reused_workspace": {base.AUX_CAPTURE: _capture_into_a_reused_workspace},
     "draft_k_norm_across_heads": {base.DRAFT_CONTEXT_KV: _draft_kv_norm_across_heads},
     "one_bank_row_too_many": {base.ATTN_RES: _attn_res_one_bank_row_too_many},
     "bank_row_written_before_delta": {base.ATTN_RES: _attn_res_bank_written_before_delta},

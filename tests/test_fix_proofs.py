@@ -65,3 +65,5 @@ def test_the_cpu_visible_kernel_mutants_are_caught(tmp_path: Path) -> None:
     # softmaxes without their max subtraction (SGLang's combine, vLLM's online softmax): exact at moderate scores,
     # caught by the scores past exp's range (properties/test_extreme_scores.py)
     assert "combine-softmax-without-max" in table and "online-softmax-without-max" in table
+    # a prefix-stream tap that is the running prefix itself: caught once the next layers change it in place
+    assert "prefix-tap-aliases-the-running-prefix" in table

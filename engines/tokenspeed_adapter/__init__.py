@@ -245,6 +245,10 @@ def build(src: fetch.Source, mode: str) -> base.Engine:
         "attn_res_admits": lambda num_blocks, write, bank: write == -1 or (write == num_blocks and write < bank),
         # an AttnRes tap is taken on the stage that owns its consumer (_context_tap_owner_layer)
         "aux_capture_owner_stage": True,
+        # its forward takes a tap of the running prefix sum alone (`capture_tap(layer_idx)` ->
+        # `_dspark_capture_stream(layer_idx, prefix_sum, block_residual)`), which the next layers then change in
+        # place: the tap's lifetime property calls it so (no pending MLP output)
+        "aux_capture_takes_pending": False,
         "pp_taps": attn.pp_taps, "pp_taps_standins": tokenspeed_attn_res.STANDINS, "pp_taps_hidden": True,
     }
     real = IMPORT_OPS if inst else STANDIN_OPS

@@ -219,6 +219,9 @@ class Capabilities(Mapping[str, Any]):
     projection_roundings: dict[str, Any] | None = _cap("fact", "-",
                                                        "dict: the roundings of the stage partials it returns")
     aux_capture_owner_stage: bool | None = _cap("fact", "-", "bool: the aux tap is taken on its owner stage")
+    attn_res_tiling: Callable[[int, int], str] | None = _cap(
+        "fact", "-", "(tokens, num_blocks) -> the tiling its AttnRes call takes: rows are bitwise batch-invariant "
+                     "between calls of one tiling (none declared: between any two calls)")
     aux_capture_takes_pending: bool | None = _cap("fact", "-", "bool: whether its model takes the aux tap with the "
                                                   "pending MLP output (False: of the running prefix sum alone)")
     logit_dtype: dict[str, Any] | None = _cap("fact", "-",

@@ -44,7 +44,10 @@ def build() -> base.Engine:
                                "segmented_rmsnorm": projection.segmented_rms_norm,
                                "project_unsharded_fc_norm": projection.project_unsharded_fc_norm,
                                "kv_transfer": types.SimpleNamespace(manager=transfer.KVSender,
-                                                                    route=transfer.kv_route)})
+                                                                    route=transfer.kv_route),
+                               # torch's CPU matmul blocks its reductions by the batch's shape: every batch size
+                               # is its own tiling (rows are not bitwise batch-invariant across sizes)
+                               "attn_res_tiling": lambda tokens, num_blocks: f"T={tokens}"})
 
 
 def _context_kv_ops():

@@ -70,6 +70,7 @@ from k3num.engines.vllm_adapter.common import (
     ROCM_MISSING,
     ROCM_STANDINS,
     UTILS_PY,
+    attn_res_tiling,
 )
 from k3num.engines.vllm_adapter.context_kv import BUILT_OPS, _bind_precompute, _built_ops, _RealContextKVOps
 from k3num.engines.vllm_adapter.weight_loading import _bind_weight_loading
@@ -280,6 +281,8 @@ def build(src: fetch.Source, mode: str) -> base.Engine:
                                                     "nvfp4_modelopt_loading", "context_proj_tp", "mla_epilogue",
                                                     "draft_config", "markov_steps")
                                  if k in bound}
+    if base.ATTN_RES in bound:
+        extras["attn_res_tiling"] = attn_res_tiling
     if ops is not None and base.CONTEXT_KV_FUSED in bound:
         extras["context_kv_ops"] = _RealContextKVOps(ops)
     if "pp_taps" in bound:
@@ -357,6 +360,8 @@ def build_rocm(src: fetch.Source, mode: str) -> base.Engine:
     extras: dict[str, Any] = {}
     if "pp_taps" in bound:
         extras = {"pp_taps": bound["pp_taps"], "pp_taps_standins": pp_forward.STANDINS}
+    if base.ATTN_RES in bound:
+        extras["attn_res_tiling"] = attn_res_tiling  # the same switch as the NVIDIA file's
     return base.Engine(
         name="vllm-rocm", version=src.version, mode="source-interpreter" if interpret else "source-gpu",
         subjects=subjects, real_ops=ROCM_STANDINS,

@@ -45,3 +45,9 @@ ROCM_MISSING = {s: "the ROCm path binds only attn_res and the aux tap" for s in 
                 if s not in (base.ATTN_RES, base.AUX_CAPTURE)}
 
 
+def attn_res_tiling(tokens: int, num_blocks: int) -> str:
+    """The source tiling vLLM's attn_res wrapper picks for a call (nvidia and amd ops/attn_res.py, "tuned on
+    GB300"): one source per tile from 256 tokens or for one block, four below. A row's online softmax runs in
+    another order under another tiling, so a row alone and the same row in a batch are bitwise equal only when
+    both calls take the same tiling (properties/test_batch_composition.py reads this)."""
+    return "BLOCK_L=1" if tokens >= 256 or num_blocks <= 1 else "BLOCK_L=4"

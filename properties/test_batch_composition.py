@@ -1,0 +1,77 @@
+"""Batch composition: a row computed alone is the same row computed inside its batch.
+
+An AttnRes call's rows are independent in exact arithmetic (each token mixes its own sources), and every bound
+kernel assigns one program (or one torch row) per token at these sizes, so the claim is exact: a row alone, the
+row inside its batch, and the row at another position of the batch (the batch reversed) are equal bit for bit.
+A kernel that picks its tiling or its split count from the row count (vLLM's attn_res switches BLOCK_L at 256
+tokens; tokenspeed#904's MLA decode picks its KV split count from it) gives low-bit differences there, which is
+what caps greedy target equivalence between a verify batch and decode. Each comparison is a `batch_invariance`
+record in the drift CSV (budget 0: bitwise), so a class of differences is measured, not only failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from k3num.engines import base
+from k3num.fixtures.builders import AttnResInputs, attn_res_inputs
+from k3num.fixtures.strategies import AttnResCase, attn_res_cases
+from k3num.harness.judges import attn_res_oracle
+from k3num.oracles.budgets import Budget
+from k3num.oracles.records import judge
+from k3num.properties.checks.attn_res import as_admitted, call_attn_res
+from k3num.properties.support import DEVICE, LOW, report, up
+
+# batches of 2-6 rows: one tiling on every bound kernel. vLLM's switch at 256 tokens (extras["attn_res_tiling"])
+# is stated, and its bound applies to a batch across it; a 256-row call under the CPU interpreter costs seconds, so
+# the batches drawn here stay under it (the GPU run's K3 shapes cross it: docs/gpu-run.md's next run)
+TOKENS = st.integers(2, 6)
+
+
+def _rows(inp: AttnResInputs, index: torch.Tensor) -> AttnResInputs:
+    """The inputs of the rows `index` (fresh tensors: the kernel writes the prefix and the bank in place)."""
+    pick = lambda t: None if t is None else t[index].clone()  # noqa: E731
+    return dataclasses.replace(inp, prefix=pick(inp.prefix), delta=pick(inp.delta), blocks=pick(inp.blocks),
+                               norm=inp.norm.clone(), qk=inp.qk.clone(),
+                               out_norm=None if inp.out_norm is None else inp.out_norm.clone())
+
+
+def _bound(engine, case: AttnResCase, tokens: int, inp: AttnResInputs) -> Budget:
+    """Bitwise where the engine takes the same tiling for a batch of `tokens` and for the batch of the case (none
+    declared: every call one program per row, extras["attn_res_tiling"]); else twice the accuracy property's
+    budget (each of the two outputs is within it of the same oracle), the difference recorded."""
+    tiling = engine.extras.get("attn_res_tiling")
+    if tiling is None or tiling(tokens, case.num_blocks) == tiling(case.tokens, case.num_blocks):
+        return Budget(0.0, "bitwise: the row alone, in its batch and at another position (rows independent)")
+    _, budget = attn_res_oracle(engine, inp.prefix, inp.delta, inp.blocks, inp.norm, inp.qk, inp.out_norm,
+                                case.num_blocks, case.block_write_idx)
+    return Budget(2.0 * budget.value, f"2 x ({budget.rule}): another tiling ({tiling(tokens, case.num_blocks)} "
+                                      f"against {tiling(case.tokens, case.num_blocks)})")
+
+
+@given(case=attn_res_cases(tokens=TOKENS))
+def test_attn_res_row_alone_is_the_row_in_its_batch_and_at_another_position_bitwise(engine, case: AttnResCase) -> None:
+    """Each row of a batch computed alone and at another position (the batch reversed) equals the row in the batch:
+    bit for bit, or within the stated bound where the engine declares another tiling for the other call (vLLM
+    below and from 256 tokens; the mirror's torch matmul, by the batch's size)."""
+    if 0 <= case.block_write_idx < case.num_blocks:  # the model's calls (the accuracy property's)
+        case = dataclasses.replace(case, block_write_idx=case.num_blocks if case.num_blocks < case.bank else -1)
+    case = as_admitted(engine, case)
+    inp = attn_res_inputs(case, LOW, DEVICE)
+    t = case.tokens
+    batched = call_attn_res(engine, _rows(inp, torch.arange(t)), case)
+    reverse = torch.arange(t - 1, -1, -1)
+    reversed_out = call_attn_res(engine, _rows(inp, reverse), case)[reverse]
+    report(judge(property="batch_invariance", engine=engine, subject=base.ATTN_RES, actual=reversed_out,
+                 reference=up(batched), budget=_bound(engine, case, t, inp), seed=case.seed, reduction_len=case.hidden,
+                 detail=f"each row at another position of the batch of {t}"))
+    rows = range(t) if t <= 6 else (0, t - 1)  # a larger batch: its first and last row
+    alone = torch.cat([call_attn_res(engine, _rows(inp, torch.tensor([r])), dataclasses.replace(case, tokens=1))
+                       for r in rows])
+    report(judge(property="batch_invariance", engine=engine, subject=base.ATTN_RES, actual=alone,
+                 reference=up(batched[list(rows)]), budget=_bound(engine, case, 1, inp), seed=case.seed,
+                 reduction_len=case.hidden, detail=f"rows {list(rows)[:6]} alone against the batch of {t}"))

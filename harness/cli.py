@@ -93,14 +93,16 @@ def fetch_targets() -> list[str]:
             + sorted({f"{b.engine}-bin" for b in fetch.BINARIES.values()}))
 
 
-def _sources(items: list[str]) -> dict[str, Path]:
+def _sources(items: list[str], *, whole_trees: bool = True) -> dict[str, Path]:
     """--engine-src NAME=PATH items over the trees this process was started with (K3NUM_ENGINE_SRC, read at
-    the boundary: harness/run.py); ValueError naming the bad item."""
+    the boundary: harness/run.py); ValueError naming the bad item. With `whole_trees` each given tree is judged as
+    the release it says and must hold that release's bound files (`fetch.check_tree`), before anything runs;
+    build-ops reads only a checkout's csrc/ and passes False."""
     from k3num.harness import run
 
     try:
         given = fetch.parse_sources(items)
-        for pin, tree in given.items():  # judged as the release it says, or refused before anything runs
+        for pin, tree in given.items() if whole_trees else ():
             note = fetch.check_tree(pin, tree)
             if note:
                 print(f"[k3num] --engine-src {pin}={tree}: {note}", file=sys.stderr)
@@ -115,7 +117,7 @@ def cmd_build_ops(args: argparse.Namespace) -> int:
     from k3num.supply import cuda_ops
 
     try:
-        local = _sources(args.engine_src)
+        local = _sources(args.engine_src, whole_trees=False)
         unknown = sorted(set(local) - {"vllm"})
         if unknown:
             raise ValueError(f"--engine-src {unknown[0]}: build-ops builds vLLM's ops only (--engine-src vllm=PATH)")

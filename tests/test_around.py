@@ -66,7 +66,7 @@ def test_a_tree_that_edits_the_entrys_files_is_not_judged_around_it(tmp_path: Pa
 def _tokens(tree: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pytest", "properties/test_draft_tokens.py", "-p", "no:cacheprovider",
                            "--engine", "vllm-rocm", "--engine-src", f"vllm={tree}", "--hypothesis-profile", "ci",
-                           "-k", "decided and dspark", "-rfEx"], cwd=ROOT, capture_output=True, text=True,
+                           "-k", "decided and dspark", "-rfEx", "-v"], cwd=ROOT, capture_output=True, text=True,
                           timeout=900, env=ENV)
 
 

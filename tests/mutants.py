@@ -246,44 +246,39 @@ def _mix_without_prefix(prefix, bank, nvb, norm, proj, eps):
     return torch.einsum("ts,tsh->th", torch.softmax(logits, -1), src).to(prefix.dtype)
 
 
-def _attn_res_softmax_without_max(prefix, delta, blocks, norm, qk, onorm, num_blocks, write_idx, eps, oeps):
-    """The mirror's kernel with a softmax that skips its max subtraction (float32 exp of the raw scores): exact in
-    exact arithmetic, inf / inf or 0 / 0 once a score leaves exp's range."""
-    a = torch.float32
-    if delta is not None:
-        prefix.copy_((prefix.to(a) + delta.to(a)).to(prefix.dtype))
-    if write_idx >= 0:
-        blocks[:, write_idx].copy_(prefix)
-    if num_blocks == 0:
-        mixed = prefix.to(a)
-    else:
-        src = torch.cat([blocks[:, :num_blocks].to(a), prefix.to(a).unsqueeze(1)], dim=1)
-        logits = (src @ (norm.to(a) * qk.to(a))) * torch.rsqrt(src.square().mean(-1) + eps)
-        e = logits.exp()
-        mixed = torch.einsum("ts,tsh->th", e / e.sum(-1, keepdim=True), src)
-    if onorm is not None:
-        mixed = mixed * torch.rsqrt(mixed.square().mean(-1, keepdim=True) + oeps) * onorm.to(a)
-    return mixed.to(prefix.dtype)
+def _mirror_kernel_with(*, softmax: Callable | None = None, to_storage: Callable | None = None) -> Callable:
+    """The mirror's attn_res in float32 with its softmax (logits [T, S] -> weights) or its output conversion
+    (float32 [T, H], the prefix -> storage) replaced: one realistic slip each."""
+    def kernel(prefix, delta, blocks, norm, qk, onorm, num_blocks, write_idx, eps, oeps):
+        a = torch.float32
+        if delta is not None:
+            prefix.copy_((prefix.to(a) + delta.to(a)).to(prefix.dtype))
+        if write_idx >= 0:
+            blocks[:, write_idx].copy_(prefix)
+        if num_blocks == 0:
+            mixed = prefix.to(a)
+        else:
+            src = torch.cat([blocks[:, :num_blocks].to(a), prefix.to(a).unsqueeze(1)], dim=1)
+            logits = (src @ (norm.to(a) * qk.to(a))) * torch.rsqrt(src.square().mean(-1) + eps)
+            mixed = torch.einsum("ts,tsh->th", (softmax or (lambda x: torch.softmax(x, dim=-1)))(logits), src)
+        if onorm is not None:
+            mixed = mixed * torch.rsqrt(mixed.square().mean(-1, keepdim=True) + oeps) * onorm.to(a)
+        return to_storage(mixed, prefix) if to_storage else mixed.to(prefix.dtype)
+
+    return kernel
 
 
-def _attn_res_batched_path_truncates(prefix, delta, blocks, norm, qk, onorm, num_blocks, write_idx, eps, oeps):
-    """The mirror's kernel whose batched path (more than one row: another kernel, as engines pick one by the row
-    count) converts its float32 output to bf16 by truncation, the single-row path to nearest: each output is
-    within a bf16 ulp of the mixture (inside the accuracy budget), and a row alone differs from the row in its
-    batch in about half its elements."""
-    a = torch.float32
-    if delta is not None:
-        prefix.copy_((prefix.to(a) + delta.to(a)).to(prefix.dtype))
-    if write_idx >= 0:
-        blocks[:, write_idx].copy_(prefix)
-    if num_blocks == 0:
-        mixed = prefix.to(a)
-    else:
-        src = torch.cat([blocks[:, :num_blocks].to(a), prefix.to(a).unsqueeze(1)], dim=1)
-        logits = (src @ (norm.to(a) * qk.to(a))) * torch.rsqrt(src.square().mean(-1) + eps)
-        mixed = torch.einsum("ts,tsh->th", torch.softmax(logits, dim=-1), src)
-    if onorm is not None:
-        mixed = mixed * torch.rsqrt(mixed.square().mean(-1, keepdim=True) + oeps) * onorm.to(a)
+def _exp_without_max(logits: torch.Tensor) -> torch.Tensor:
+    """A softmax that skips its max subtraction: exact in exact arithmetic, inf / inf or 0 / 0 once a score
+    leaves float32 exp's range."""
+    e = logits.exp()
+    return e / e.sum(-1, keepdim=True)
+
+
+def _truncated_when_batched(mixed: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
+    """The batched path (more than one row: another kernel, as engines pick one by the row count) converts to bf16
+    by truncation, the single-row path to nearest: within a bf16 ulp either way, and a row alone differs from the
+    row in its batch in about half its elements."""
     if prefix.shape[0] == 1 or prefix.dtype != torch.bfloat16:
         return mixed.to(prefix.dtype)
     return (mixed.contiguous().view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)  # toward zero
@@ -301,9 +296,9 @@ def _capture_into_a_reused_workspace(layer_idx, prefix_sum, pending, bank, **kw)
 
 
 MUTANTS: dict[str, dict[str, base.Subject]] = {
-    "softmax_without_max_subtraction": {base.ATTN_RES: _attn_res_softmax_without_max},
+    "softmax_without_max_subtraction": {base.ATTN_RES: _mirror_kernel_with(softmax=_exp_without_max)},
     "tap_in_a_reused_workspace": {base.AUX_CAPTURE: _capture_into_a_reused_workspace},
-    "batched_path_truncates": {base.ATTN_RES: _attn_res_batched_path_truncates},
+    "batched_path_truncates": {base.ATTN_RES: _mirror_kernel_with(to_storage=_truncated_when_batched)},
     "draft_k_norm_across_heads": {base.DRAFT_CONTEXT_KV: _draft_kv_norm_across_heads},
     "one_bank_row_too_many": {base.ATTN_RES: _attn_res_one_bank_row_too_many},
     "bank_row_written_before_delta": {base.ATTN_RES: _attn_res_bank_written_before_delta},

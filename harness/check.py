@@ -196,12 +196,9 @@ def changed_files(pin: str, head: Path, base: Path) -> list[str]:
 def sides_line(args: argparse.Namespace, pin: str, head: Path, base: str) -> str:
     """Which releases the two sides are: the head's own version, and the base (by default the pinned release
     the head is judged as)."""
-    h = fetch.Source(pin, head)
-    if base == "pinned" or fetch.release_of_tree(pin, Path(base)) is not None:
-        b = fetch.Source(pin, None if base == "pinned" else Path(base)).pin
-        said = " (the pinned release the head is judged as: `--base pinned`)" if args.base == "pinned" else ""
-        return f"head {pin} {h.version}, base {pin} {b.version}{said}"
-    return f"head {pin} {h.version}, base {pin} {fetch.Source(pin, Path(base)).version}"
+    h, b = fetch.Source(pin, head), fetch.Source(pin, None if base == "pinned" else Path(base))
+    said = " (the pinned release the head is judged as: `--base pinned`)" if args.base == "pinned" else ""
+    return f"head {pin} {h.version}, base {pin} {b.version}{said}"
 
 
 def oracle_line(examples: pd.DataFrame) -> str:

@@ -10,6 +10,8 @@ oracle and kernel timings vary too much for deadlines.
 
 from __future__ import annotations
 
+import argparse
+
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import InvalidArgument
 
@@ -62,8 +64,6 @@ def check(name: str) -> str:
 
 def option_type(name: str) -> str:
     """argparse's `type=` for a profile option: a bad name is a usage error (exit 2) before anything runs."""
-    import argparse
-
     try:
         return check(name)
     except ValueError as e:

@@ -84,10 +84,10 @@ class ModelCost:
         return dataclasses.replace(rec, subjects={**rec.subjects, **{
             n: self._timed(rec.subjects[n], "record_total") for n in watched}})
 
-    def _explains(self, entry_id: str, calls: list, failure: str = "") -> str:
+    def _explains(self, entry_id: str, calls: list) -> str:
         t0 = time.perf_counter()
         try:
-            return self._orig_explains(entry_id, calls, failure)
+            return self._orig_explains(entry_id, calls)
         finally:
             if self.current is not None:
                 self.current.explain += time.perf_counter() - t0

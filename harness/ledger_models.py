@@ -18,11 +18,13 @@ in place) and its output.
                                     summed in float32 (add_capture): sum_i bf16(h_i W_i^T)
                finalize_projection  the float32 sum of the partials rounded to bf16 before the norm
                                     (finalize_target_projection), then the norm in float32, rounded once
-    K3N-014    (the failure)        every byte of the layer's slots x / scale saturated, as the insert property
-                                    states it (its compiled op runs behind a capability no recorder wraps)
-    K3N-008    attn_res_residual    the columns at and past (H // 1024) * 1024 never written (the allocation's
-                                    poison), each row before them the mixture or NaN (whole 1024-element chunks
-                                    read past the row: srt/layers/attn_residual.py _score_kernel, _mix_fused)
+    K3N-014    fp8_insert           every byte of the layer's slots x / scale saturated, computed by cases from the
+                                    insert's inputs (its compiled op runs behind a capability no recorder wraps:
+                                    the property observes the call, harness/ledger_run.observe)
+    K3N-008    attn_res_residual    the pre-norm mixture's columns at and past (H // 1024) * 1024 never written:
+                                    the call made again with the allocations filled with 1 shows the fill through
+                                    the output norm; each row before them the mixture or NaN (whole 1024-element
+                                    chunks read past the row: srt/layers/attn_residual.py _score_kernel, _mix_fused)
 
 Where a rounding's input lies within the float32 accumulation error of a rounding boundary, the model
 cannot say which neighbour the engine takes: both are allowed there (`_ambiguous_ulp`), so an exact
@@ -396,66 +398,123 @@ def delta_applied_twice(calls: list[Call]) -> str:
 GRID = 1024  # _mix_fused's column block and _score_kernel's unmasked chunk (oracles/ledger.py K3N-008's `what`)
 
 
-def unwritten_past_the_grid(calls: list[Call]) -> str:
-    """Every attn_res_residual(prefix [T,H], bank [T,R,H], nvb, norm, proj, out_norm, eps) output [T,H] has its
-    columns at and past (H // 1024) * 1024 still the allocation's poison (never written), and each row's columns
-    before them either within the property's budget of the oracle (harness/judges.residual_mixture, the bank's
-    poisoned rows read as zeros) or all NaN (their score read whole 1024-element chunks past the row, into memory
-    the property poisons). A written tail, or a finite row that is not the mixture, is not this bug."""
-    from k3num.harness import judges
+def _refilled(c: Call, fill: float) -> torch.Tensor:
+    """The call made again on its recorded inputs with every uninitialised allocation filled with the finite
+    `fill` instead of NaN (oracles/hunt.PoisonAllocations): what the kernel never writes is then `fill`, which the
+    output norm carries through (a read past the row still meets the inputs' own NaN rows)."""
     from k3num.oracles import hunt
+
+    fn = c.engine.subjects[base.ATTN_RES_RESIDUAL]
+    with hunt.poisoned_allocations(lambda t: t.fill_(fill)), np.errstate(over="ignore", invalid="ignore"):
+        return fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in c.args], **c.kwargs)
+
+
+def unwritten_past_the_grid(calls: list[Call]) -> str:
+    """Every attn_res_residual(prefix [T,H], bank [T,R,H], nvb, norm, proj, out_norm, eps) output [T,H] is the
+    output norm of a pre-norm mixture whose columns at and past (H // 1024) * 1024 were never written, so they
+    hold what the allocation held. Judged by making the call again with the allocations filled with 1 instead of
+    the property's NaN: below 1024 (no column written) each row is then exactly the norm of a row of ones,
+    out_norm / sqrt(1 + eps), and the recorded output all NaN (the NaN allocation through the norm); past 1024
+    each row is either NaN (its score read whole 1024-element chunks past the row, into the inputs' NaN rows) or
+    its unwritten columns are out_norm times one constant (the fill over the row's rms), and the written columns
+    before them within the property's budget of the oracle or NaN. A finite output below 1024, a row that is
+    not the fill where nothing was written, or a written tail, is not this bug."""
+    from k3num.harness import judges
 
     if not calls:
         return "no attn_res_residual call was made"
     for c in calls:
-        if len(c.args) < 7:
-            return "a call not made with its seven positional arguments (prefix, bank, nvb, norm, proj, out_norm, eps)"
+        if len(c.args) < 7 or c.engine is None:
+            return "a call not made with its seven positional arguments and its engine: it cannot be made again"
         prefix, bank, nvb, norm, proj, out_norm, eps = c.args[:7]
         h = prefix.shape[-1]
         cut = h // GRID * GRID
-        tail = hunt.is_sentinel(c.out[:, cut:])
-        if not bool(tail.all()):
-            return (f"columns {cut}-{h - 1} were written: {int((~tail).sum())} of {tail.numel()} elements are not "
-                    "the allocation's poison")
-        if cut and c.engine is not None:
-            want, budget = judges.residual_mixture(c.engine, prefix, bank.nan_to_num(0.0), int(nvb), norm, proj,
-                                                   out_norm, float(eps))
-            head = c.out[:, :cut].double()
-            within = ((head - want[:, :cut]).abs() <= torch.as_tensor(budget.value, dtype=torch.float64)).all(-1)
-            rows = torch.isnan(head).all(-1) | within
-            if not bool(rows.all()):
-                r = int((~rows).nonzero()[0, 0])
-                return (f"row {r}'s columns 0-{cut - 1} are neither the mixture within its budget nor NaN (a read "
-                        "past the row)")
-        elif cut:
-            return "a call without its engine: its written columns cannot be judged"
+        refilled = _refilled(c, 1.0).double()
+        g = out_norm.double()
+        if not cut:  # nothing written: the recorded output the NaN through the norm, the refilled one the ones'
+            if not bool(torch.isnan(c.out).all()):
+                return (f"{int((~torch.isnan(c.out)).sum())} of {c.out.numel()} elements are not NaN, where no "
+                        "column is written and the allocation held NaN")
+            want = (g / (1.0 + float(eps)) ** 0.5).expand_as(refilled)
+            why = _within(refilled, want, (U_BF16 + h * U_FP32) * want.abs(),
+                          "made again with the allocations filled with 1, the output against the norm of a row of ones")
+            if why:
+                return why
+            continue
+        tail = refilled[:, cut:] / g[cut:]  # per row: the fill over the row's rms, where the head was finite
+        finite = torch.isfinite(refilled).all(-1)
+        spread = (tail - tail[:, :1]).abs() <= MARGIN * (U_BF16 + h * U_FP32) * tail[:, :1].abs()
+        rows = torch.isnan(refilled).all(-1) | (finite & spread.all(-1))
+        if not bool(rows.all()):
+            r = int((~rows).nonzero()[0, 0])
+            return (f"made again with the allocations filled with 1, row {r}'s columns {cut}-{h - 1} are not out_norm "
+                    "times one constant (the unwritten fill through the norm), nor is the row NaN")
+        if not bool(torch.isnan(c.out[:, cut:]).all()):
+            return f"columns {cut}-{h - 1} were written: not every element there is NaN, where the allocation held NaN"
+        want, budget = judges.residual_mixture(c.engine, prefix, bank.nan_to_num(0.0), int(nvb), norm, proj,
+                                               out_norm, float(eps))
+        head = c.out[:, :cut].double()
+        within = ((head - want[:, :cut]).abs() <= torch.as_tensor(budget.value, dtype=torch.float64)).all(-1)
+        rows = torch.isnan(head).all(-1) | within
+        if not bool(rows.all()):
+            r = int((~rows).nonzero()[0, 0])
+            return (f"row {r}'s columns 0-{cut - 1} are neither the mixture within its budget nor NaN (a read "
+                    "past the row)")
     return ""
 
 
 # ---- K3N-014: vLLM's FP8 cache insert takes a zero or infinite scale and saturates -----------------------
 
-SATURATED = "every byte is x / scale saturated"  # the insert property's verdict (properties/test_context_kv_ops.py)
+FP8_INSERT = "fp8_insert"  # the call the insert property observes (harness/ledger_run.observe): (x, scale, fmt)
 
 
-def quotient_saturated(failure: str) -> str:
-    """The FP8 insert wrote, in every mapped slot of the layer with the bad scale, the bytes of a saturating
-    conversion of x / scale (refmodel.quant.fp8_quotient_bytes: +-max for a zero scale, +-0 for an infinite one,
-    NaN for 0 / 0). The compiled op runs behind a capability no recorder wraps, so the property computes the
-    comparison and states it; this reads the statement. Any other bytes are not this bug."""
-    if SATURATED in failure:
-        return ""
-    said = next((part.strip() for part in failure.split(";") if "saturated" in part), "")
-    return said or "the failure does not say the written bytes are x / scale saturated"
+def _saturated_bytes(x: torch.Tensor, scale: float, fmt: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the bytes a saturating conversion of x / scale writes, where they are NaN) for a zero or infinite scale,
+    by cases, no division made: the quotient's sign is x's sign bit xor the scale's; a zero scale gives the
+    format's +-max, and NaN for a zero or NaN element; an infinite one gives +-0, and NaN for an infinite or
+    NaN element. x: any shape; both results x's shape (uint8, bool), on the CPU."""
+    x = x.detach().cpu().double()
+    big = torch.finfo(fmt).max
+    negative = torch.signbit(x) ^ bool(torch.signbit(torch.tensor(scale)))
+    if scale == 0.0:
+        nan = (x == 0.0) | torch.isnan(x)
+        value = torch.where(negative, -big, big)
+    else:
+        nan = torch.isinf(x) | torch.isnan(x)
+        value = torch.where(negative, -0.0, 0.0).double()
+    return value.to(fmt).view(torch.uint8), nan
+
+
+def quotient_saturated(calls: list[Call]) -> str:
+    """Every observed FP8 insert with a zero or infinite scale wrote, in every mapped slot of the layer, the
+    bytes of a saturating conversion of x / scale (`_saturated_bytes`: +-max for a zero scale, +-0 for an
+    infinite one, a NaN where the quotient is 0 / 0 or inf / inf), every byte. The expected bytes come from the
+    call's inputs, not from the property's message; NaN bytes where a finite value belongs (the correct,
+    visibly poisoned output), one byte off, or bytes of another scale are not this bug."""
+    from k3num.refmodel import quant
+
+    if not calls:
+        return "no FP8 insert call was observed"
+    for c in calls:
+        x, scale, fmt = c.args
+        fp8 = quant.FP8_KV_FORMATS[fmt]
+        if not (scale == 0.0 or abs(scale) == float("inf")):
+            return f"the observed insert's scale {scale} is neither zero nor infinite"
+        want, nan = _saturated_bytes(x, float(scale), fp8)
+        got = c.out.detach().cpu().reshape(want.shape)
+        got_nan = torch.isnan(got.view(fp8).float())
+        same = torch.where(nan, got_nan, got == want)
+        if not bool(same.all()):
+            return (f"{int((~same).sum())} of {same.numel()} bytes are not x / {scale} saturated (e.g. "
+                    f"{got[~same].flatten()[:4].tolist()} where {want[~same].flatten()[:4].tolist()} belongs)")
+    return ""
 
 
 @dataclass(frozen=True)
 class BugModel:
     subjects: tuple[str, ...]  # the subjects whose calls it reads
-    explains: Callable[[Any], str]  # '' explained, else why not: over the calls, or over the failure's message
+    explains: Callable[[list[Call]], str]  # '' explained, else why not, over the calls of `subjects`
     what: str  # the defective computation, in one line
-    # the model reads the failure's message, where the property computed the comparison itself (a compiled op
-    # behind a capability, whose calls no recorder sees), instead of the recorded calls
-    reads_failure: bool = False
 
 
 def __getattr__(name: str) -> Any:
@@ -475,18 +534,15 @@ def models() -> dict[str, BugModel]:
 TRUNCATED = "(calls past the recorder's limit)"  # harness/ledger_run.record_calls's mark: outputs not kept
 
 
-def explains(entry_id: str, calls: list[Call], failure: str = "") -> str:
-    """'' where the entry's model explains these calls, or (a model that reads it) the failure's message `failure`
-    (an entry without a model: its region decides), else why not, naming the entry. Where the recorder dropped
-    calls (TRUNCATED), not explained: the model never saw every output."""
+def explains(entry_id: str, calls: list[Call]) -> str:
+    """'' where the entry's model explains these calls (an entry without a model: its signature and region
+    decide), else why not, naming the entry. Where the recorder dropped calls (TRUNCATED), not explained: the
+    model never saw every output."""
     model = models().get(entry_id)
     if model is None:
         return ""
-    if model.reads_failure:
-        why = model.explains(failure)
-    elif any(c.subject == TRUNCATED for c in calls):
+    if any(c.subject == TRUNCATED for c in calls):
         return (f"not {entry_id}'s bug as far as can be told: more than {len(calls) - 1} calls with distinct "
                 "inputs or outputs, and the model judges only the ones recorded (harness/ledger_run.DISTINCT)")
-    else:
-        why = model.explains([c for c in calls if c.subject in model.subjects])
+    why = model.explains([c for c in calls if c.subject in model.subjects])
     return f"not {entry_id}'s bug ({model.what}): {why}" if why else ""

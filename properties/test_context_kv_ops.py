@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from k3num.engines.mirror.context_kv import rope_cache
 from k3num.fixtures.builders import CACHE_LAYOUTS, paged_caches, same_views
 from k3num.fixtures.strategies import seeds
+from k3num.harness import ledger_models, ledger_run
 from k3num.oracles import budgets
 from k3num.oracles.records import judge
 from k3num.properties.support import DEVICE, LOW, assert_bitwise, report, up
@@ -265,8 +266,11 @@ def test_fp8_insert_with_a_zero_or_nonfinite_scale_refuses_or_poisons_visibly(en
     nan = torch.isnan(written.view(fp8).float())
     if bool(nan.all()):
         return
-    # what the bytes are: a saturating conversion of x / scale (the ledger's bug model reads this verdict)
-    sat = quant.fp8_quotient_bytes(torch.cat([kv_c[victim], k_pe[victim]], -1), bad, fmt)
+    # what the bytes are, said for the reader: a saturating conversion of x / scale or not (the ledger's bug
+    # model computes its own from the observed call's inputs and bytes)
+    x = torch.cat([kv_c[victim], k_pe[victim]], -1)
+    ledger_run.observe(ledger_models.FP8_INSERT, (x, bad, fmt), written)
+    sat = quant.fp8_quotient_bytes(x, bad, fmt)
     same = (written == sat) | (nan & torch.isnan(sat.view(fp8).float()))
     what = ("every byte is x / scale saturated (refmodel.quant.fp8_quotient_bytes)" if bool(same.all()) else
             f"{int((~same).sum())} of {same.numel()} bytes are not x / scale saturated")

@@ -49,7 +49,8 @@ def attempt(entry_id: str, engine) -> tuple[str, str]:
     recorded: list[ledger_models.Call] = []
     watched = ledger_run.record_calls(engine, ledger_run.model_subjects([ledger.by_id(entry_id)]), recorded)
     try:
-        body(engine=watched, **rule.reproducer)
+        with ledger_run.observing(recorded):
+            body(engine=watched, **rule.reproducer)
     except (pytest.fail.Exception, Exception) as e:  # the failure the entry describes, or another
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         said = f"{type(e).__name__}: {first}"
@@ -59,7 +60,7 @@ def attempt(entry_id: str, engine) -> tuple[str, str]:
         why = ledger_cases.signature_mismatch(entry_id, rule.test, ledger_cases.said(e))
         if why:
             return OTHER, why
-        why = ledger_models.explains(entry_id, recorded, str(e))
+        why = ledger_models.explains(entry_id, recorded)
         return (OTHER, f"{why}; {said[:200]}") if why else (REPRODUCED, said)
     return PASSED, ""
 

@@ -312,20 +312,36 @@ def _residual_call(hidden: int, nvb: int):
     return calls[-1]
 
 
+def _with_subject(c, fn):
+    """The recorded call `c` with its engine's attn_res_residual replaced by `fn` (what a remake runs)."""
+    engine = dataclasses.replace(c.engine, subjects={**c.engine.subjects, base.ATTN_RES_RESIDUAL: fn})
+    return dataclasses.replace(c, engine=engine)
+
+
 @pytest.mark.parametrize("hidden", [96, 1536])
-def test_k3n_008s_model_explains_the_unwritten_tail_and_rejects_a_written_one_or_a_finite_wrong_row(hidden: int):
+def test_k3n_008s_model_explains_the_unwritten_tail_and_refuses_a_written_one_a_finite_row_or_another_nan(hidden: int):
     """K3N-008's model on SGLang's own aggregation (Triton interpreter): its output at an off-grid hidden size is
-    explained (the columns past (H // 1024) * 1024 still the allocation's NaN, the ones before NaN from reads
-    past the row); a planted write of the tail is not; at 1536, written columns holding the oracle's mixture
-    are explained and the same columns scaled by 1.5 are not."""
+    explained (made again with the allocations filled with 1, the unwritten columns carry the fill through the
+    output norm). Refused: the correct output (the oracle's finite mixture); a planted write of one tail
+    element; below 1024, two near misses of the same all-NaN shape: a kernel that returns NaN whatever the
+    allocation held (another NaN bug), and one that returns its unwritten allocation without the output norm; at
+    1536, written columns holding the mixture scaled by 1.5."""
     c = _residual_call(hidden, 2)
     assert ledger_models.unwritten_past_the_grid([c]) == ""
+    prefix, bank, nvb, norm, proj, out_norm, eps = c.args
+    want, _ = judges.residual_mixture(c.engine, prefix, bank.nan_to_num(0.0), nvb, norm, proj, out_norm, eps)
+    correct = dataclasses.replace(c, out=want.to(c.out.dtype))
+    assert ("are not NaN" if hidden < ledger_models.GRID else "were written") in \
+        ledger_models.unwritten_past_the_grid([correct])
     tail = c.out.clone()
     tail[:, -1] = 0.5
-    assert "were written" in ledger_models.unwritten_past_the_grid([dataclasses.replace(c, out=tail)])
-    if hidden > ledger_models.GRID:
-        prefix, bank, nvb, norm, proj, out_norm, eps = c.args
-        want, _ = judges.residual_mixture(c.engine, prefix, bank.nan_to_num(0.0), nvb, norm, proj, out_norm, eps)
+    assert "not" in ledger_models.unwritten_past_the_grid([dataclasses.replace(c, out=tail)])
+    if hidden < ledger_models.GRID:
+        nan_anyway = _with_subject(c, lambda p, *a, **k: torch.full_like(p, float("nan")))
+        assert "norm of a row of ones" in ledger_models.unwritten_past_the_grid([nan_anyway])
+        unnormed = _with_subject(c, lambda p, *a, **k: torch.empty_like(p))
+        assert "norm of a row of ones" in ledger_models.unwritten_past_the_grid([unnormed])
+    else:
         right, wrong = c.out.clone(), c.out.clone()
         right[:, :1024] = want[:, :1024].to(right.dtype)
         wrong[:, :1024] = (1.5 * want[:, :1024]).to(wrong.dtype)
@@ -334,31 +350,45 @@ def test_k3n_008s_model_explains_the_unwritten_tail_and_rejects_a_written_one_or
         assert "neither the mixture within its budget nor NaN" in why
 
 
-def _fp8_insert_failure(engine, bad: float, fmt: str) -> str:
-    """The FP8 bad-scale insert property's failure message on `engine` (its bare body, one layer)."""
+def _fp8_insert_call(engine, bad: float, fmt: str) -> tuple[str, list]:
+    """The FP8 bad-scale insert property on `engine` (its bare body, one layer): (its failure message, the insert
+    calls it observed for the ledger's model)."""
     import inspect
 
+    from k3num.harness import ledger_run
     from k3num.properties import test_context_kv_ops as ops_props
 
     body = inspect.unwrap(ops_props.test_fp8_insert_with_a_zero_or_nonfinite_scale_refuses_or_poisons_visibly
                           .hypothesis.inner_test)
-    with pytest.raises(pytest.fail.Exception) as got:
+    observed: list = []
+    with pytest.raises(pytest.fail.Exception) as got, ledger_run.observing(observed):
         body(engine=engine, seed=0, layers=1, tokens=5, fmt=fmt, bad=bad, grouped=False)
-    return str(got.value)
+    return str(got.value), observed
 
 
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2"])
 @pytest.mark.parametrize("bad", [0.0, float("-inf")])
-def test_k3n_014s_model_explains_saturated_bytes_and_rejects_an_insert_that_ignores_the_scale(bad: float, fmt: str):
-    """K3N-014's model (the layer's slots hold x / scale saturated, as the insert property states it): the
-    mirror's insert planted without its scale check (tests/mutants.py fp8_bad_scale_saturated, the finding's
-    arithmetic) is explained; a planted insert that writes x / 1 for a bad scale (plausible bytes, another
-    bug) fails the same property and is not explained."""
+def test_k3n_014s_model_computes_the_saturated_bytes_from_the_inputs_and_refuses_the_rest(bad: float, fmt: str):
+    """K3N-014's model computes, from the observed insert's inputs, the bytes a saturating conversion of x / scale
+    writes, and compares them with the written bytes: the mirror's insert planted without its scale check
+    (tests/mutants.py fp8_bad_scale_saturated, the finding's arithmetic) is explained. Refused: the correct,
+    visibly poisoned output (every byte NaN); two near misses (one byte off by one code; the sign of every byte
+    dropped); and another bug failing the same property (x / 1 written for a bad scale, plausible bytes). A
+    message that says "saturated" explains nothing: the model reads bytes."""
     from tests import mutants
 
     saturated = mutants.build("fp8_bad_scale_saturated")
-    said = _fp8_insert_failure(saturated, bad, fmt)
-    assert ledger_models.explains("K3N-014", [], said) == "", said
+    said, calls = _fp8_insert_call(saturated, bad, fmt)
+    assert len(calls) == 1 and ledger_models.explains("K3N-014", calls) == "", said
+    c = calls[0]
+    poisoned = torch.full_like(c.out, 0x7F)  # the correct outcome short of a refusal: every byte an FP8 NaN
+    one_off = c.out.clone()
+    one_off.view(-1)[3] ^= 1
+    unsigned = c.out & 0x7F  # every byte made positive
+    for near, what in ((poisoned, "poisoned"), (one_off, "one byte"), (unsigned, "unsigned")):
+        why = ledger_models.explains("K3N-014", [dataclasses.replace(c, out=near)])
+        assert "not K3N-014's bug" in why and "bytes are not x /" in why, (what, why)
+    assert ledger_models.explains("K3N-014", []).endswith("no FP8 insert call was observed")
 
     class IgnoresTheScale(type(saturated.extras["context_kv_ops"])):
         def insert_per_layer(self, kv_c, k_pe, cache, slots, kv_cache_dtype="auto", scale=None):
@@ -368,9 +398,25 @@ def test_k3n_014s_model_explains_saturated_bytes_and_rejects_an_insert_that_igno
 
     ignoring = dataclasses.replace(saturated, extras={**saturated.extras,
                                                       "context_kv_ops": IgnoresTheScale("fp8_bad_scale_saturated")})
-    said = _fp8_insert_failure(ignoring, bad, fmt)
-    why = ledger_models.explains("K3N-014", [], said)
-    assert "not K3N-014's bug" in why and "bytes are not x / scale saturated" in why, why
+    said, calls = _fp8_insert_call(ignoring, bad, fmt)
+    why = ledger_models.explains("K3N-014", calls)
+    assert "not K3N-014's bug" in why and "bytes are not x /" in why, why
+
+
+def test_k3n_014s_closed_form_bytes_are_the_division_s_where_the_division_is_defined():
+    """The model's bytes by cases (no division) against refmodel.quant.fp8_quotient_bytes (the fp32 division,
+    saturated) on every sign of x and of the scale, zeros, infinities and NaN included: the same bytes, and NaN
+    exactly where the quotient is NaN."""
+    from k3num.refmodel import quant
+
+    x = torch.tensor([1.5, -2.0, 0.0, -0.0, float("inf"), float("-inf"), float("nan"), 3e38, -1e-30])
+    for fmt, fp8 in quant.FP8_KV_FORMATS.items():
+        for scale in (0.0, -0.0, float("inf"), float("-inf")):
+            want, nan = ledger_models._saturated_bytes(x, scale, fp8)
+            div = quant.fp8_quotient_bytes(x, scale, fmt)
+            div_nan = torch.isnan(div.view(fp8).float())
+            assert torch.equal(nan, div_nan), (fmt, scale)
+            assert torch.equal(want[~nan], div[~nan]), (fmt, scale, want.tolist(), div.tolist())
 
 
 def test_the_quotient_bytes_of_a_bad_scale_are_the_formats_saturated_values():

@@ -55,6 +55,35 @@ def test_the_prefix_model_explains_the_prefix_and_rejects_a_mixture():
     assert "outside the model" in ledger_models.tap_returns_the_prefix([call(mixed)])
 
 
+def test_the_prefix_model_refuses_two_near_misses_of_the_prefix():
+    """Two planted near misses of K3N-001/002's shape (the tap returns a prefix, not the mixture): the prefix sum
+    without its pending addend, and the right prefix with one element moved by two bf16 ulps. Neither is the
+    bug's arithmetic, so neither is explained."""
+    g = torch.Generator().manual_seed(1)
+    ps, pd = _bf(torch.randn(3, 16, generator=g)), _bf(torch.randn(3, 16, generator=g))
+    call = lambda out: ledger_models.Call(base.AUX_CAPTURE, (0, ps, pd, None), {}, out)  # noqa: E731
+    moved = ps + pd
+    moved[1, 5] = _bf(moved[1, 5].double() + 2 * ledger_models._ulp_bf16(moved[1, 5].double()))
+    for near in (ps.clone(), moved):
+        assert "outside the model" in ledger_models.tap_returns_the_prefix([call(near)])
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_k3n_006s_model_refuses_the_correct_sum_and_one_rounding_more_at_the_end(seed: int):
+    """Two planted near misses of K3N-006's shape (a stage partial of the right taps and weight): the correct
+    arithmetic (the taps' projections summed in float32 with no rounding per tap) and TokenSpeed's arithmetic
+    with the finished sum rounded to bf16 once more. Neither is the bug's, so neither is explained."""
+    g = torch.Generator().manual_seed(seed)
+    taps, fc = _bf(torch.randn(4, 8, 64, generator=g)), _bf(torch.randn(32, 4 * 64, generator=g) * 0.1)
+    members = [0, 1, 2, 3]
+    h = taps.shape[-1]
+    exact = sum(taps[i].double() @ fc[:, i * h:(i + 1) * h].double().T for i in members).float()
+    rounded_at_the_end = _stage(taps, fc, members, False).bfloat16().float()
+    for near in (exact, rounded_at_the_end):
+        c = ledger_models.Call(base.STAGE_PARTIAL, (taps, fc, members), {}, near)
+        assert "the stage partial of taps [0, 1, 2, 3]" in ledger_models.tap_projections_rounded_to_bf16([c])
+
+
 def _stage(taps, fc, members, round_running_sum: bool):
     h = taps.shape[-1]
     acc = torch.zeros(taps.shape[1], fc.shape[0])

@@ -140,7 +140,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The last lines of the log, in this order: skips grouped by reason, the engines (each with its mode
     and its tests run, skipped and known), the named engines that ran nothing, the drift table, the CSV's
-    path, and the command to run next."""
+    path, the command to run next, and last, the real engines that were never built (not tested)."""
     if hasattr(config, "workerinput"):
         return
     # an internal error (every xdist worker lost) skips pytest_terminal_summary: the reporter itself, then
@@ -178,9 +178,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     bound = config.stash.get(state.BOUND, {}) if is_controller(config) else bound_engines()
     if book.account:
         tw.line("engines (how each was bound: tests run, skipped, known divergences):")
-        shown = engine_names(config) + sorted(n for n in bound if around.SEP in n)  # the variants built (around.py)
+        listed = engine_names(config) + sorted(n for n in bound if around.SEP in n)  # the variants built (around.py)
         width = None if config.getoption("verbose", 0) > 0 else WIDTH
-        for line in accounting.engine_lines(outcomes, bound, shown, width and width - 2):
+        for line in accounting.engine_lines(outcomes, bound, listed, width and width - 2):
             tw.line(f"  {line}")
     for name, why in config.stash.get(state.EMPTY, []):
         tw.line(f"ERROR: engine {name} was asked for and ran no test: {why}", red=True)
@@ -211,6 +211,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         tw.line(f"drift CSV: {csv} ({written[1]} records)" + (f"; latest: {shown(config, latest)}" if latest else ""))
         home = shown(config, Path(latest).parent if latest else Path(written[0]).parent)
         tw.line(f"next: {k3num_command()} report --history {home / 'history'} --out {home / 'report'} {csv}")
+    if book.account:
+        untested = [n for n in engine_names(config) if n not in bound and n != "mirror"]
+        if untested:  # the last line: a green run that never built a real engine judged the mirror alone
+            tw.line(f"NOT TESTED: {', '.join(untested)} (not built: `k3num fetch` gets their pinned sources); this run "
+                    "judged the engines listed as built above, and the real engines named here not at all", red=True)
 
 
 WIDTH = 120  # the closing block's lines fit this many columns without -v

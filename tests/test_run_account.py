@@ -5,6 +5,7 @@ an entry exercised when its test xfailed without a metric record (a refusal-type
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -70,3 +71,15 @@ def test_a_reason_line_is_cut_at_a_word_boundary_and_marked() -> None:
     assert len(cut) <= 60 and cut.endswith(" ...") and text.startswith(cut[:-4]) and not cut[:-4].endswith(" ")
     assert text[len(cut) - 4] == " "  # the cut fell between two words
     assert accounting.clip("short", 60) == "short"
+
+
+def test_a_run_without_the_engines_sources_says_last_that_they_were_not_tested(tmp_path) -> None:
+    """With no engine cache (a failed or skipped `k3num fetch`) the run is green on the mirror alone; its last
+    line names each real engine as not tested, so a green exit is never read as the engines judged."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "properties/test_aux_tap.py", "-k", "branch1",
+                        "-p", "no:cacheprovider", "-q", "--drift-csv", str(tmp_path / "drift.csv")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "K3NUM_ENGINE_CACHE": str(tmp_path / "none")})
+    assert r.returncode == 0, r.stdout[-2000:]
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("NOT TESTED: vllm, vllm-rocm, tokenspeed, sglang"), r.stdout[-1500:]

@@ -10,8 +10,9 @@ release, `--engine-src`, `vllm@0.34.0`) copied, the fix applied to the copy, the
 entries whose files the fix edits do not apply there; every other entry applies as on the plain engine.
 
 Where the run's tree already edits the entry's files (a patch, a checkout), the entry does not apply to the
-plain engine either, so the variant skips saying so. Under `k3num check` no variant is added (its pairing judges
-the head's failures by the entries' bug models instead).
+plain engine either, so the variant skips saying so. Under `k3num check` the variant runs on both sides: the
+head's tree with the fix against the base's tree with the same fix (harness/pairing_run.base_for), so a head
+failure there is paired as any other and a second bug is new, not the entry's.
 """
 
 from __future__ import annotations

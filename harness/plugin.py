@@ -353,8 +353,9 @@ def _checking(config: pytest.Config) -> bool:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "engine" in metafunc.fixturenames and _uses_our_engine_fixture(metafunc):
         names = run_scope.engine_names(metafunc.config)
-        if not _checking(metafunc.config):  # a known divergence's region, judged around its fix too
-            names = names + around.variants(names, metafunc.function.__name__)
+        # a known divergence's region, judged around its fix too (under `k3num check` on both sides: the base's
+        # variant is the base tree with the same fix, harness/pairing_run.base_for)
+        names = names + around.variants(names, metafunc.function.__name__)
         metafunc.parametrize("engine", names, ids=names, indirect=True, scope="session")
     n = metafunc.config.stash[RUN].shards
     if n > 1 and "shard" in metafunc.fixturenames and metafunc.definition.get_closest_marker("shardable"):

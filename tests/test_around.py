@@ -108,3 +108,19 @@ def test_impact_sees_a_second_bug_on_vllm_rocm_around_k3n_001(tmp_path: Path) ->
     variant = rows[rows.engine == "vllm-rocm+fix-K3N-001"]
     assert rc == 0 and len(variant) == 2 and (variant.diverged == 0).all(), rows
     assert variant.severity.isin(["no token changes", "near-ties only"]).all(), variant
+
+
+def test_check_judges_a_second_bug_on_vllm_rocm_around_k3n_001_new(tmp_path: Path) -> None:
+    """`k3num check` runs vllm-rocm's token property around K3N-001's fix on both sides (the head's tree with the
+    fix against the base's with the same fix): the planted score without the source's RMS is new there, while
+    the plain engine's failure stays K3N-001's (known by the pairing). Without the variant the check called every
+    head failure of these properties known while the tap returns the prefix."""
+    planted = fixes.patched_tree(fixes.by_id("rocm-score-unnormalized"), tmp_path / "planted")
+    r = subprocess.run([sys.executable, "-m", "k3num.harness.cli", "check", "--engine", "vllm-rocm", "--head",
+                        str(planted), "-k", "test_draft_tokens and decided and dspark", "--out", str(tmp_path / "out")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=1200, env=ENV)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    assert "FAIL: 1 test(s) with new failures" in out and ", 1 known;" in out, out[-2000:]
+    report = (tmp_path / "out" / "check.md").read_text()
+    assert "vllm-rocm+fix-K3N-001" in report, report[:3000]

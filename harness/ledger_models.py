@@ -416,8 +416,9 @@ def unwritten_past_the_grid(calls: list[Call]) -> str:
     hold what the allocation held. Judged by making the call again with the allocations filled with 1 instead of
     the property's NaN: below 1024 (no column written) each row is then exactly the norm of a row of ones,
     out_norm / sqrt(1 + eps), and the recorded output all NaN (the NaN allocation through the norm); past 1024
-    each row is either NaN (its score read whole 1024-element chunks past the row, into the inputs' NaN rows) or
-    its unwritten columns are out_norm times one constant (the fill over the row's rms), and the written columns
+    each row is either not finite (its score read whole 1024-element chunks past the row, into the inputs' NaN
+    rows or, made again on a GPU, whatever memory follows the recorded copies) or its unwritten columns are
+    out_norm times one constant (the fill over the row's rms), and the written columns
     before them within the property's budget of the oracle or NaN. A finite output below 1024, a row that is
     not the fill where nothing was written, or a written tail, is not this bug."""
     from k3num.harness import judges
@@ -445,11 +446,11 @@ def unwritten_past_the_grid(calls: list[Call]) -> str:
         tail = refilled[:, cut:] / g[cut:]  # per row: the fill over the row's rms, where the head was finite
         finite = torch.isfinite(refilled).all(-1)
         spread = (tail - tail[:, :1]).abs() <= MARGIN * (U_BF16 + h * U_FP32) * tail[:, :1].abs()
-        rows = torch.isnan(refilled).all(-1) | (finite & spread.all(-1))
+        rows = ~finite | spread.all(-1)  # a row the reads past it made non-finite says nothing of its tail
         if not bool(rows.all()):
             r = int((~rows).nonzero()[0, 0])
             return (f"made again with the allocations filled with 1, row {r}'s columns {cut}-{h - 1} are not out_norm "
-                    "times one constant (the unwritten fill through the norm), nor is the row NaN")
+                    "times one constant (the unwritten fill through the norm), and the row is finite")
         if not bool(torch.isnan(c.out[:, cut:]).all()):
             return f"columns {cut}-{h - 1} were written: not every element there is NaN, where the allocation held NaN"
         want, budget = judges.residual_mixture(c.engine, prefix, bank.nan_to_num(0.0), int(nvb), norm, proj,

@@ -354,7 +354,8 @@ def test_k3n_008s_model_explains_the_unwritten_tail_and_refuses_a_written_one_a_
     output norm). Refused: the correct output (the oracle's finite mixture); a planted write of one tail
     element; below 1024, two near misses of the same all-NaN shape: a kernel that returns NaN whatever the
     allocation held (another NaN bug), and one that returns its unwritten allocation without the output norm; at
-    1536, written columns holding the mixture scaled by 1.5."""
+    1536, a kernel whose finite output is not the fill through the norm, and written columns holding the mixture
+    scaled by 1.5."""
     c = _residual_call(hidden, 2)
     assert ledger_models.unwritten_past_the_grid([c]) == ""
     prefix, bank, nvb, norm, proj, out_norm, eps = c.args
@@ -370,7 +371,10 @@ def test_k3n_008s_model_explains_the_unwritten_tail_and_refuses_a_written_one_a_
         assert "norm of a row of ones" in ledger_models.unwritten_past_the_grid([nan_anyway])
         unnormed = _with_subject(c, lambda p, *a, **k: torch.empty_like(p))
         assert "norm of a row of ones" in ledger_models.unwritten_past_the_grid([unnormed])
-    else:
+    else:  # a kernel whose finite output, made again, is not the fill through the norm
+        noise = _with_subject(c, lambda p, *a, **k: torch.randn(p.shape, generator=torch.Generator().manual_seed(0))
+                              .to(p.dtype))
+        assert "not out_norm times one constant" in ledger_models.unwritten_past_the_grid([noise])
         right, wrong = c.out.clone(), c.out.clone()
         right[:, :1024] = want[:, :1024].to(right.dtype)
         wrong[:, :1024] = (1.5 * want[:, :1024]).to(wrong.dtype)

@@ -21,6 +21,8 @@ in place) and its output.
     K3N-014    fp8_insert           every byte of the layer's slots x / scale saturated, computed by cases from the
                                     insert's inputs (its compiled op runs behind a capability no recorder wraps:
                                     the property observes the call, harness/ledger_run.observe)
+    K3N-013    kv_transfer_plan     the flat plan (refmodel.transfer_plan.flat_plan): pages copied whole at the
+                                    source's page size, from the served rank's sender
     K3N-008    attn_res_residual    the pre-norm mixture's columns at and past (H // 1024) * 1024 never written:
                                     the call made again with the allocations filled with 1 shows the fill through
                                     the output norm; each row before them the mixture or NaN (whole 1024-element
@@ -462,6 +464,40 @@ def unwritten_past_the_grid(calls: list[Call]) -> str:
             r = int((~rows).nonzero()[0, 0])
             return (f"row {r}'s columns 0-{cut - 1} are neither the mixture within its budget nor NaN (a read "
                     "past the row)")
+    return ""
+
+
+# ---- K3N-013: SGLang's KV transfer plans a flat copy where the heads per rank differ ------------------------
+
+KV_TRANSFER = "kv_transfer_plan"  # the plan the transfer property observes (harness/ledger_run.observe): (case,)
+
+
+def flat_copy_planned(calls: list[Call]) -> str:
+    """Every observed transfer plan is the flat plan (refmodel.transfer_plan.flat_plan: each page copied whole at
+    the source's page size, its destination offset taken with the source's page size too), for the stage's
+    layers, from the served decode rank's sender to it: the same (src, dst) chunks, no more, no fewer. A plan
+    with another wrong chunk, or the head-aware plan, is not this bug."""
+    from k3num.harness import judges
+    from k3num.refmodel.transfer_plan import flat_plan
+
+    if not calls:
+        return "no KV transfer plan was observed"
+    for c in calls:
+        (case,), blocks = c.args, c.out
+        s, d = judges.transfer_sender(case), case.dst_rank
+        want: set[tuple[int, int]] = set()
+        for layer in case.stage:
+            src, dst = judges.transfer_layouts(case, layer)
+            s0, d0 = judges.transfer_buffer("src", s, layer), judges.transfer_buffer("dst", d, layer)
+            plan = [e for e in flat_plan(src, dst, list(case.src_pages), list(case.dst_pages))
+                    if s0 <= e.src_addr < s0 + judges.TRANSFER_SPAN and d0 <= e.dst_addr < d0 + judges.TRANSFER_SPAN]
+            want |= judges.transfer_items([tuple(e) for e in plan], src.item_bytes) or set()
+        src, _ = judges.transfer_layouts(case, case.stage[0])
+        got = judges.transfer_items(list(blocks), src.item_bytes)
+        if got != want:
+            extra, missed = sorted((got or set()) - want)[:2], sorted(want - (got or set()))[:2]
+            return (f"the plan is not the flat plan: {len(got or ())} chunks against its {len(want)} (first not in it "
+                    f"{extra}, first of it missing {missed})")
     return ""
 
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import example, given
 
 from k3num.fixtures.strategies import SEED_003_TRANSFER, KVTransferCase, kv_transfer_cases
-from k3num.harness import judges
+from k3num.harness import judges, ledger_models, ledger_run
 
 
 def _transfer(engine):
@@ -55,6 +55,7 @@ def test_kv_transfer_copies_exactly_the_head_aware_plan_or_is_refused(engine, ca
     got = judges.transfer_items(sent.blocks, src.item_bytes)
     want = judges.transfer_oracle(case)
     if got != want:
+        ledger_run.observe(ledger_models.KV_TRANSFER, (case,), list(sent.blocks))  # for the ledger's bug model
         wrong = sorted((got or set()) - want)[:2]
         missed = sorted(want - (got or set()))[:2]
         raise AssertionError(

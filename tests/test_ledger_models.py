@@ -613,3 +613,29 @@ def test_the_models_numpy_read_of_a_bf16_tensor_is_its_exact_value():
         assert got.dtype == want.dtype and got.shape == want.shape
         assert ((got == want) | (torch.isnan(t.double()).numpy() & (got != got))).all()
         assert (torch.from_numpy(got).signbit() == t.double().signbit()).all()
+
+
+def test_k3n_013s_model_is_the_flat_plan_and_refuses_the_head_aware_one_and_two_near_misses():
+    """K3N-013's model (refmodel.transfer_plan.flat_plan) explains SGLang's own plan for seed 003 (the transfer
+    property's bare body, observed); it refuses the correct (head-aware) plan, and two near misses of the flat
+    plan's shape: one chunk dropped, and every copy shifted by one item."""
+    import inspect
+
+    from k3num.fixtures.strategies import SEED_003_TRANSFER
+    from k3num.harness import ledger_run
+    from k3num.properties import test_kv_transfer as kv_props
+
+    body = inspect.unwrap(kv_props.test_kv_transfer_copies_exactly_the_head_aware_plan_or_is_refused
+                          .hypothesis.inner_test)
+    observed: list = []
+    with pytest.raises(AssertionError, match="planned"), ledger_run.observing(observed):
+        body(engine=_engine("sglang"), case=SEED_003_TRANSFER)
+    assert len(observed) == 1 and ledger_models.explains("K3N-013", observed) == ""
+    c = observed[0]
+    item = judges.transfer_layouts(SEED_003_TRANSFER, 0)[0].item_bytes
+    right = sorted(judges.transfer_oracle(SEED_003_TRANSFER))
+    dropped = [(s, d, n) for s, d, n in c.out][:-1] + [(c.out[-1][0], c.out[-1][1], c.out[-1][2] - item)]
+    shifted = [(s, d + item, n) for s, d, n in c.out]
+    for plan in ([(s, d, item) for s, d in right], dropped, shifted):
+        why = ledger_models.explains("K3N-013", [dataclasses.replace(c, out=plan)])
+        assert "not K3N-013's bug" in why and "not the flat plan" in why, why

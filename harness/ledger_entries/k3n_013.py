@@ -4,6 +4,7 @@ rank differ and the decode's item lengths are not published (oracles/ledger.py: 
 from __future__ import annotations
 
 from k3num.fixtures.strategies import SEED_003_TRANSFER
+from k3num.harness import ledger_models
 from k3num.harness.ledger_cases import LedgerCase, heads_differ
 from k3num.harness.ledger_entries import Entry
 
@@ -16,7 +17,7 @@ ENTRY = Entry(
                     # the flat plan's first entry (src, dst, length): seed 003's numbers
                     signature=r"planned \[\(1000000, 2065536, 32768\)",
                     failures={"test_kv_transfer_copies_exactly_the_head_aware_plan_or_is_refused":
-                              r"^AssertionError: .*: (not refused and )?planned \[\(\d+, \d+, \d+\)"},
-                    no_model="the reproducer's signature is the model: the flat plan (1000000, 2065536, 32768) where "
-                             "the head-aware plan writes 16384 bytes at 2032768"),
+                              r"^AssertionError: .*: (not refused and )?planned \[\(\d+, \d+, \d+\)"}),
+    model=ledger_models.BugModel((ledger_models.KV_TRANSFER,), ledger_models.flat_copy_planned,
+                                 "the flat plan: each page copied whole at the source's page size"),
 )

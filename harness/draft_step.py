@@ -290,5 +290,6 @@ def detail(r: StepResult) -> str:
             f"noise_agreement={n.agreement};noise_diverged={n.count(tokens.DIVERGED)};kl={v.kl:.3g};"
             f"min_gap_over_delta={min(v.gap) / v.delta if v.delta else float('inf'):.3g};"
             f"worst_err_over_delta={v.worst_err_over_delta:.3g};q99_err_over_delta={v.q99_err_over_delta:.3g};"
+            f"decided_over_budget={v.decided_over_budget};"
             f"predicted_flips={v.predicted_flips:.3g};"
             f"predicted_rate={v.predicted_flip_rate:.3g};paths={r.paths}")

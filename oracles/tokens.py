@@ -71,6 +71,14 @@ class BlockVerdict:
         return self.labels.count(label)
 
     @property
+    def decided_over_budget(self) -> int:
+        """Decided positions (gap >= delta) where some logit is further than delta from the oracle's: outside the
+        logit budget where the token is decided, whether or not it flipped in this block. A correct path stays
+        below delta / 2 everywhere (delta is twice the noise floor's error), so the threshold is the budget
+        itself, per position, not a share of the block's logits."""
+        return sum(g >= self.delta and e > self.delta for g, e in zip(self.gap, self.logit_err))
+
+    @property
     def exposed(self) -> int:
         """Decided positions within the logit error's reach: delta <= gap < 2 x the position's logit error (the
         top-two difference moves by at most twice the largest logit error, so only these can flip). A

@@ -49,3 +49,37 @@ def test_a_subject_equal_to_the_oracle_predicts_no_flip_and_a_near_tie_is_not_co
                                oracle, delta=0.5)
     assert noisy.decided == 1 and 0 < noisy.predicted_flips < 1  # the near-tie (gap 0.01 < delta) counts nothing
     assert noisy.margins[0] == (2.0, 3.0) and len(noisy.logit_rms) == 2
+
+
+def _decided_block(seed: int, delta: float) -> torch.Tensor:
+    """Oracle logits [16, 256] whose every position is decided (top-two gap of at least 3 delta)."""
+    g = torch.Generator().manual_seed(seed)
+    o = torch.randn(16, 256, generator=g, dtype=torch.float64)
+    top = o.argmax(dim=1)
+    o[torch.arange(16), top] = o.max(dim=1).values + 3 * delta
+    return o
+
+
+def test_a_logit_past_delta_at_a_decided_position_is_outside_the_budget_where_a_share_rule_saw_nothing() -> None:
+    """The decided-token rule is per position, from the margins: a subject that moves one vocabulary column by 40
+    delta at every position (a 1/256 share of the logits: the old 99th-percentile rule passed it) and one that
+    moves a single logit of one decided position by 1.5 delta are outside the budget; a subject within delta / 2
+    everywhere, and one whose only large error sits at a near-tie, are not."""
+    delta = 0.1
+    o = _decided_block(0, delta)
+    g = torch.Generator().manual_seed(1)
+    small = o + (torch.rand(o.shape, generator=g, dtype=torch.float64) - 0.5) * delta * 0.9
+    assert tokens.judge_block(small, o, delta).decided_over_budget == 0
+    column = o.clone()
+    low = int(o[0].argmin())
+    column[:, low] -= 40 * delta  # the column moved away from the top: no flip, a budget broken everywhere
+    v = tokens.judge_block(column, o, delta)
+    assert v.count(tokens.DIVERGED) == 0 and v.q99_err_over_delta <= 1 and v.decided_over_budget == 16
+    stray = o.clone()
+    stray[3, low] += 1.5 * delta
+    assert tokens.judge_block(stray, o, delta).decided_over_budget == 1
+    tie = o.clone()
+    tie[5, int(o[5].argmax())] = o[5].topk(2).values[1] + delta / 4  # position 5 made a near-tie of the oracle
+    moved = tie.clone()
+    moved[5, low] += 1.5 * delta
+    assert tokens.judge_block(moved, tie, delta).decided_over_budget == 0

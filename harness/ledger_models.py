@@ -21,6 +21,8 @@ in place) and its output.
     K3N-014    fp8_insert           every byte of the layer's slots x / scale saturated, computed by cases from the
                                     insert's inputs (its compiled op runs behind a capability no recorder wraps:
                                     the property observes the call, harness/ledger_run.observe)
+    K3N-012    nvfp4_merged_load    one per-tensor multiplier kept, one of the layers' own, over each layer's own
+                                    values and group scales (the other layers loaded rescaled)
     K3N-013    kv_transfer_plan     the flat plan (refmodel.transfer_plan.flat_plan): pages copied whole at the
                                     source's page size, from the served rank's sender
     K3N-008    attn_res_residual    the pre-norm mixture's columns at and past (H // 1024) * 1024 never written:
@@ -498,6 +500,39 @@ def flat_copy_planned(calls: list[Call]) -> str:
             extra, missed = sorted((got or set()) - want)[:2], sorted(want - (got or set()))[:2]
             return (f"the plan is not the flat plan: {len(got or ())} chunks against its {len(want)} (first not in it "
                     f"{extra}, first of it missing {missed})")
+    return ""
+
+
+# ---- K3N-012: vLLM's merged NVFP4 loader keeps one per-tensor multiplier ------------------------------------
+
+NVFP4_MERGE = "nvfp4_merged_load"  # the load the NVFP4 property observes: (per-layer (packed, group scale,
+# multiplier), ...) -> (the merged weight, its group scales, the one multiplier kept)
+
+
+def one_multiplier_kept(calls: list[Call]) -> str:
+    """Every observed merged NVFP4 load holds each layer's own e2m1 values and group scales, in layer order, and
+    one float32 per-tensor multiplier that is one of the layers' own (so the layers quantized with another are
+    loaded rescaled): the merged weight dequantized with it is, bit for bit, each layer's values and group scales
+    dequantized with that one multiplier; and some layer's own multiplier differs from it (else the load is
+    right). Values, group scales or a multiplier of another kind are not this bug."""
+    from k3num.refmodel import quant
+
+    if not calls:
+        return "no merged NVFP4 load was observed"
+    for c in calls:
+        layers, (weight, scale, kept) = c.args, c.out
+        kept = kept.detach().cpu().reshape(-1)
+        own = [m.detach().cpu().reshape(-1) for _, _, m in layers]
+        if kept.numel() != 1 or not any(torch.equal(kept, m) for m in own):
+            return f"the kept multiplier {kept.tolist()[:4]} is not one of the layers' own {[m.item() for m in own]}"
+        if all(torch.equal(kept, m) for m in own):
+            return "every layer's multiplier is the kept one: the load is right, not rescaled"
+        want = torch.cat([quant.dequantize_nvfp4_modelopt(p, g, kept) for p, g, _ in layers])
+        got = quant.dequantize_nvfp4_modelopt(weight, scale, kept)
+        if got.shape != want.shape or not bool(torch.equal(got, want)):
+            bad = int((got != want).any(-1).sum()) if got.shape == want.shape else got.shape[0]
+            return (f"{bad} rows of the merged weight are not the layers' own values and group scales under the one "
+                    "kept multiplier")
     return ""
 
 

@@ -729,7 +729,7 @@ def pytest_collectstart(collector: pytest.Collector) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    from k3num.harness import ledger_cases, ledger_run
+    from k3num.harness import ledger_cases, ledger_models, ledger_run
     from k3num.supply import installed
     from k3num.supply.fetch import PINS, pinned_files
 
@@ -788,10 +788,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # strict, and only with the entry's own exception (its failure signature for the test): an error of
             # another kind on the user's checkpoint fails the test, not xfails it
             raises = ledger_cases.exception_types(ledger_cases.CASES[d.id].failure_signature(test))
+            model = ledger_models.models().get(d.id)
             item.add_marker(pytest.mark.xfail(strict=True, raises=raises or None, reason=(
                 f"{d.id} ({d.upstream}): your checkpoint {ctx.checkpoint} is inside it: "
                 f"{ledger_cases.CHECKPOINT_RULES[d.id].meaning} (raising "
-                f"{', '.join(t.__name__ for t in raises) or 'any exception'})")))
+                f"{', '.join(t.__name__ for t in raises) or 'any exception'}"
+                + (f"; the entry's bug model: {model.what}" if model else "") + ")")))
             continue
         if not found:
             continue

@@ -639,3 +639,32 @@ def test_k3n_013s_model_is_the_flat_plan_and_refuses_the_head_aware_one_and_two_
     for plan in ([(s, d, item) for s, d in right], dropped, shifted):
         why = ledger_models.explains("K3N-013", [dataclasses.replace(c, out=plan)])
         assert "not K3N-013's bug" in why and "not the flat plan" in why, why
+
+
+def test_k3n_012s_model_is_one_kept_multiplier_and_refuses_the_correct_load_and_two_near_misses():
+    """K3N-012's model on vLLM's merged NVFP4 loader (the property's bare body for the reproducer, observed): the
+    layers' own values and group scales under one of their multipliers is explained. Refused: the correct load
+    (each layer its own multiplier: the model's "not rescaled"), and two near misses of its shape: the kept
+    multiplier not one of the layers' (scaled by 1.5), and one group scale of one row changed."""
+    import inspect
+
+    from k3num.harness import ledger_run
+    from k3num.properties import test_quantized_loading as q_props
+
+    rule = ledger_cases.CASES["K3N-012"]
+    body = inspect.unwrap(q_props.test_nvfp4_merged_shards_dequantize_to_the_per_layer_weights.hypothesis.inner_test)
+    observed: list = []
+    with pytest.raises(AssertionError, match="differs from the per-layer weights"), ledger_run.observing(observed):
+        body(engine=_engine("vllm"), **rule.reproducer)
+    assert len(observed) == 1 and ledger_models.explains("K3N-012", observed) == ""
+    c = observed[0]
+    weight, scale, kept = c.out
+    same = tuple((p, g, kept.clone()) for p, g, _ in c.args)
+    assert "the load is right" in ledger_models.explains("K3N-012", [dataclasses.replace(c, args=same)])
+    other = dataclasses.replace(c, out=(weight, scale, kept * 1.5))
+    assert "is not one of the layers' own" in ledger_models.explains("K3N-012", [other])
+    changed = scale.clone()
+    flat = changed.view(torch.uint8) if changed.element_size() == 1 else changed
+    flat.view(-1)[7] = flat.view(-1)[7] + 1
+    why = ledger_models.explains("K3N-012", [dataclasses.replace(c, out=(weight, changed, kept))])
+    assert "rows of the merged weight are not" in why, why

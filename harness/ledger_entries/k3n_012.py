@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from k3num.harness import ledger_models
 from k3num.harness.ledger_cases import CHECKPOINT_TEST, K3_WIDTH, CheckpointRule, LedgerCase, nvfp4_per_layer_scales
 from k3num.harness.ledger_entries import Entry
 
@@ -18,10 +19,9 @@ ENTRY = Entry(
                               r"differs from the per-layer weights in \[[0-9, ]+\] rows per layer",
                               CHECKPOINT_TEST: r"^AssertionError: .*: dequantized as the GEMM reads it, the merged "
                                                r"weight differs from the checkpoint's per-layer weights in \[[0-9, ]+\]"
-                                               r" rows per layer"},
-                    no_model="the reproducer's signature is the model: every layer but the max-scale one rescaled, "
-                             "[0, 576, 576, 576, 576] rows wrong; drawn cases other than the reproducer's are judged "
-                             "by the region rule"),
+                                               r" rows per layer"}),
+    model=ledger_models.BugModel((ledger_models.NVFP4_MERGE,), ledger_models.one_multiplier_kept,
+                                 "one per-tensor multiplier kept, one of the layers' own: the others loaded rescaled"),
     checkpoint=CheckpointRule(CHECKPOINT_TEST, nvfp4_per_layer_scales,
                               "vLLM 0.33.0 would keep one per-tensor scale for this NVFP4 draft's merged context-KV "
                               "weight while its layers carry their own: every layer but one is loaded rescaled"),

@@ -764,6 +764,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         release = ((_check_release(config, pin.engine) if checking else ctx.source(pin.engine).pin.version)
                    if pin else "")
         found = ledger.lookup_all(name, release, test, mode) if pin else []
+        if fix is not None:  # a variant around a fix: the entries the fix edits do not apply there
+            found = around.unfixed_entries(fix, found)
         if checking:  # the entry filed on the pinned release names a known failure; nothing is marked
             item.k3num_check_ledger = found[0].id if found else ""  # type: ignore[attr-defined]
             h = getattr(getattr(item, "obj", None), "hypothesis", None)
@@ -775,8 +777,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # patch) is judged plainly, a tree that changed only other files of the engine keeps the entry
         found = [d for d in found if pin is not None
                  and applies.setdefault(d.id, pinned_files(ctx.source(pin.engine), d.files))]
-        if fix is not None:
-            found = around.unfixed_entries(fix, found)
         # a user's checkpoint hits an entry or not, decided once from its config and scales
         by_ckpt = [d for d in found if ledger_cases.CHECKPOINT_RULES.get(d.id, None) is not None
                    and ledger_cases.CHECKPOINT_RULES[d.id].test == test]

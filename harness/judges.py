@@ -378,17 +378,19 @@ def transfer_items(blocks: Any, item: int) -> set[tuple[int, int]] | None:
     return out
 
 
-def transfer_oracle(case: Any) -> set[tuple[int, int]]:
-    """What the sender must copy to the served decode rank: refmodel's head-aware plan, for the
-    stage's layers, restricted to (that sender's buffer -> that decode rank's buffer)."""
+def transfer_oracle(case: Any, planner: Any = None) -> set[tuple[int, int]]:
+    """What the sender must copy to the served decode rank: refmodel's head-aware plan (or `planner`'s, with its
+    signature: the ledger's model of a defective plan), for the stage's layers, restricted to (that sender's
+    buffer -> that decode rank's buffer)."""
     from k3num.refmodel.transfer_plan import head_aware_plan
 
+    planner = planner or head_aware_plan
     s, d = transfer_sender(case), case.dst_rank
     want: set[tuple[int, int]] = set()
     for layer in case.stage:
         src, dst = transfer_layouts(case, layer)
         s0, d0 = transfer_buffer("src", s, layer), transfer_buffer("dst", d, layer)
-        plan = [e for e in head_aware_plan(src, dst, list(case.src_pages), list(case.dst_pages))
+        plan = [e for e in planner(src, dst, list(case.src_pages), list(case.dst_pages))
                 if s0 <= e.src_addr < s0 + TRANSFER_SPAN and d0 <= e.dst_addr < d0 + TRANSFER_SPAN]
         want |= transfer_items([tuple(e) for e in plan], src.item_bytes) or set()
     return want

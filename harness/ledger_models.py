@@ -435,12 +435,14 @@ def unwritten_past_the_grid(calls: list[Call]) -> str:
         prefix, bank, nvb, norm, proj, out_norm, eps = c.args[:7]
         h = prefix.shape[-1]
         cut = h // GRID * GRID
+        if not cut and not bool(torch.isnan(c.out).all()):  # the recorded output first: no remake needed
+            return (f"{int((~torch.isnan(c.out)).sum())} of {c.out.numel()} elements are not NaN, where no "
+                    "column is written and the allocation held NaN")
+        if cut and not bool(torch.isnan(c.out[:, cut:]).all()):
+            return f"columns {cut}-{h - 1} were written: not every element there is NaN, where the allocation held NaN"
         refilled = _refilled(c, 1.0).double()
         g = out_norm.double()
-        if not cut:  # nothing written: the recorded output the NaN through the norm, the refilled one the ones'
-            if not bool(torch.isnan(c.out).all()):
-                return (f"{int((~torch.isnan(c.out)).sum())} of {c.out.numel()} elements are not NaN, where no "
-                        "column is written and the allocation held NaN")
+        if not cut:  # nothing written: the refilled output the norm of the ones
             want = (g / (1.0 + float(eps)) ** 0.5).expand_as(refilled)
             why = _within(refilled, want, (U_BF16 + h * U_FP32) * want.abs(),
                           "made again with the allocations filled with 1, the output against the norm of a row of ones")
@@ -455,8 +457,6 @@ def unwritten_past_the_grid(calls: list[Call]) -> str:
             r = int((~rows).nonzero()[0, 0])
             return (f"made again with the allocations filled with 1, row {r}'s columns {cut}-{h - 1} are not out_norm "
                     "times one constant (the unwritten fill through the norm), and the row is finite")
-        if not bool(torch.isnan(c.out[:, cut:]).all()):
-            return f"columns {cut}-{h - 1} were written: not every element there is NaN, where the allocation held NaN"
         want, budget = judges.residual_mixture(c.engine, prefix, bank.nan_to_num(0.0), int(nvb), norm, proj,
                                                out_norm, float(eps))
         head = c.out[:, :cut].double()
@@ -486,14 +486,7 @@ def flat_copy_planned(calls: list[Call]) -> str:
         return "no KV transfer plan was observed"
     for c in calls:
         (case,), blocks = c.args, c.out
-        s, d = judges.transfer_sender(case), case.dst_rank
-        want: set[tuple[int, int]] = set()
-        for layer in case.stage:
-            src, dst = judges.transfer_layouts(case, layer)
-            s0, d0 = judges.transfer_buffer("src", s, layer), judges.transfer_buffer("dst", d, layer)
-            plan = [e for e in flat_plan(src, dst, list(case.src_pages), list(case.dst_pages))
-                    if s0 <= e.src_addr < s0 + judges.TRANSFER_SPAN and d0 <= e.dst_addr < d0 + judges.TRANSFER_SPAN]
-            want |= judges.transfer_items([tuple(e) for e in plan], src.item_bytes) or set()
+        want = judges.transfer_oracle(case, flat_plan)  # the property's restriction, over the flat plan
         src, _ = judges.transfer_layouts(case, case.stage[0])
         got = judges.transfer_items(list(blocks), src.item_bytes)
         if got != want:

@@ -177,7 +177,9 @@ LEDGER: tuple[Divergence, ...] = (
         modes=("source-gpu", "import"), race=True,
         also=("test_attn_res_repeated_calls_are_bitwise_identical",
               "test_attn_res_in_place_prefix_rewrite_is_deterministic",
-              "test_attn_res_writes_every_output_element_and_nothing_outside_its_rows"),
+              "test_attn_res_writes_every_output_element_and_nothing_outside_its_rows",
+              # the batch, reversed and alone are three calls: the race fires in one (GPU run 115, H100)
+              "test_attn_res_row_alone_is_the_row_in_its_batch_and_at_another_position_bitwise"),
     ),
     Divergence(
         id="K3N-008", token_case="unwritten_layer_input",

@@ -328,6 +328,70 @@ def test_k3n_007s_model_refuses_a_correct_output_and_a_near_miss_of_its_shape(hi
         [raced, dataclasses.replace(raced, out=late)])
 
 
+def _batch_probe(edit_second_call):
+    """The batch-composition property's body on ROCm's kernel (the interpreter) with its second call's output
+    edited by `edit_second_call(call)`, run under K3N-007 as the plugin files it: (the known entries counted, the
+    failures kept to fail the test after hypothesis ends)."""
+    from k3num.fixtures.strategies import AttnResCase
+    from k3num.harness import ledger_run
+    from k3num.oracles.drift import COLLECTOR
+    from k3num.properties import test_batch_composition as batch
+
+    engine = _engine("vllm-rocm")
+    real = engine.subject(base.ATTN_RES)
+    n = {"calls": 0}
+
+    def second_edited(*args, **kwargs):
+        before = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+        out = real(*args, **kwargs)
+        n["calls"] += 1
+        if n["calls"] != 2:
+            return out
+        return edit_second_call(ledger_models.Call(base.ATTN_RES, before, dict(kwargs), out, engine))
+
+    edited = dataclasses.replace(engine, subjects={**engine.subjects, base.ATTN_RES: second_edited})
+    body = ledger_run.ledgered(batch.test_attn_res_row_alone_is_the_row_in_its_batch_and_at_another_position_bitwise
+                               .hypothesis.inner_test)
+    body._k3num_entries["vllm-rocm"] = [ledger.by_id("K3N-007")]
+    case = AttnResCase(tokens=3, hidden=128, bank=4, num_blocks=4, block_write_idx=-1, with_delta=True,
+                       with_output_norm=True, seed=0, scale=1.0, outliers=30.0)
+    deferred: list[str] = []  # a race's failure its model rejects is kept until hypothesis ends (ledger_run)
+    token = ledger_run._DEFERRED.set(deferred)
+    COLLECTOR.node = "probe"
+    try:
+        with ledger_run.counting() as known:
+            body(engine=edited, case=case)
+        return known, deferred
+    finally:
+        COLLECTOR.node = ""
+        ledger_run._DEFERRED.reset(token)
+
+
+def test_k3n_007_is_known_in_the_batch_composition_property_only_where_a_call_raced():
+    """GPU run 115 (H100): on ROCm's kernel the batch, its reversed copy and the rows alone are separate calls
+    with a delta over the 4-source tile, so K3N-007's race fires in one of them and the batch property fails.
+    The entry names that property; its model judges every call: the reversed call with one segment's delta
+    applied twice (what the race returns) is known, the same call scaled by 1.02 (no raced read) is new."""
+    from k3num.harness.judges import attn_res_oracle
+
+    def raced(c):
+        a = ledger_models._attn_res_args(c)
+        p = judges.round_storage(c.engine, a["prefix"].float() + a["delta"].float())
+        twice = judges.round_storage(c.engine, p.float() + a["delta"].float())
+        p[0, 32:64] = twice[0, 32:64]  # row 0's second segment read back after the store
+        want, _ = attn_res_oracle(c.engine, p, None, a["blocks"], a["norm_weight"], a["qk_weight"],
+                                  a["output_norm_weight"], int(a["num_blocks"]), -1)
+        out = c.out.clone()
+        out[0] = want[0].to(out.dtype)
+        return out
+
+    assert _batch_probe(lambda c: c.out) == ([], [])  # the honest kernel: nothing to file
+    assert _batch_probe(raced) == (["K3N-007"], [])
+    known, deferred = _batch_probe(lambda c: (c.out.float() * 1.02).to(c.out.dtype))
+    assert known == [] and len(deferred) == 1
+    assert "batch_invariance" in deferred[0] and "not K3N-007's bug" in deferred[0] and "not its bug" in deferred[0]
+
+
 def _residual_call(hidden: int, nvb: int):
     """SGLang's model aggregation as the off-grid property calls it (poisoned memory), recorded."""
     from k3num.harness import ledger_run

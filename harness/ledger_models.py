@@ -21,6 +21,8 @@ in place) and its output.
     K3N-014    fp8_insert           every byte of the layer's slots x / scale saturated, computed by cases from the
                                     insert's inputs (its compiled op runs behind a capability no recorder wraps:
                                     the property observes the call, harness/ledger_run.observe)
+    K3N-011    block_fp8_merged_load each layer's scale rows at ceil(W l / 128), in arrival order (a shared row holds
+                                    the later layer's), or the narrow's RuntimeError where a layer's rows run past
     K3N-012    nvfp4_merged_load    one per-tensor multiplier kept, one of the layers' own, over each layer's own
                                     values and group scales (the other layers loaded rescaled)
     K3N-013    kv_transfer_plan     the flat plan (refmodel.transfer_plan.flat_plan): pages copied whole at the
@@ -493,6 +495,67 @@ def flat_copy_planned(calls: list[Call]) -> str:
             extra, missed = sorted((got or set()) - want)[:2], sorted(want - (got or set()))[:2]
             return (f"the plan is not the flat plan: {len(got or ())} chunks against its {len(want)} (first not in it "
                     f"{extra}, first of it missing {missed})")
+    return ""
+
+
+# ---- K3N-011: vLLM's merged block-FP8 loader places each layer's scale rows by rounding up -----------------
+
+BLOCK_FP8_MERGE = "block_fp8_merged_load"  # the load the block-FP8 properties observe: (((weight, scale) per
+# layer, in layer order), arrival order, block rows) -> (the merged weight, the merged scale), or what it raised
+
+
+def _misplaced(layers: list[tuple[torch.Tensor, torch.Tensor]], order: list[int], block: int
+               ) -> tuple[torch.Tensor, torch.Tensor] | str:
+    """What adjust_block_scale_shard's placement loads: each layer's weight at row W l of the merged weight, its
+    ceil(W / block) scale rows at ceil(W l / block) of the merged scale's ceil(W L / block), written in arrival
+    order (a later layer's rows overwrite an earlier one's); NaN where no layer's row lands. Where a layer's rows
+    run past the merged scale, the RuntimeError message the loader's narrow raises (a str). layers: L x ([W, H]
+    fp8, [ceil(W / block), ceil(H / block)] float32); returns ([W L, H], [ceil(W L / block), ceil(H / block)])."""
+    width = layers[0][0].shape[0]
+    n_total, n_len = -(-width * len(layers) // block), -(-width // block)
+    scale = torch.full((n_total, layers[0][1].shape[1]), float("nan"), dtype=layers[0][1].dtype)
+    for layer in order:
+        start = -(-width * layer // block)
+        if start + n_len > n_total:
+            return f"start ({start}) + length ({n_len}) exceeds dimension size ({n_total})."
+        scale[start:start + n_len] = layers[layer][1].detach().cpu()
+    return torch.cat([w.detach().cpu() for w, _ in layers]), scale
+
+
+def scales_placed_by_rounding_up(calls: list[Call]) -> str:
+    """Every observed merged block-FP8 load is, bit for bit, what the rounded-up placement loads
+    (`_misplaced`): each layer's weight rows where they belong and its scale rows at ceil(W l / 128), the later
+    arrival winning a shared row; or, where that placement runs a layer past the merged scale, the loader's
+    RuntimeError with those very numbers. And the placement is wrong there (shards of whole blocks load right,
+    which is not this bug). Any other bytes, order of overwrites, exception or message is not this bug."""
+    from k3num.refmodel import quant
+
+    if not calls:
+        return "no merged block-FP8 load was observed"
+    for c in calls:
+        layers, order, block = c.args
+        layers = [(w.detach().cpu(), s.detach().cpu()) for w, s in layers]
+        want = _misplaced(layers, list(order), int(block))
+        if isinstance(c.out, BaseException):
+            said = f"{type(c.out).__name__}: {c.out}"
+            if isinstance(want, str):
+                if isinstance(c.out, RuntimeError) and str(c.out).strip() == want:
+                    continue
+                return f"the load raised {said[:160]!r}, where the placement raises 'RuntimeError: {want}'"
+            return f"the load raised {said[:160]!r}, where the placement loads without an error"
+        if isinstance(want, str):
+            return f"the load returned, where the placement raises 'RuntimeError: {want}'"
+        weight, scale = (t.detach().cpu() for t in c.out)
+        if bool(want[1].isnan().any()):
+            return "the placement leaves scale rows unwritten, whose content the model cannot say"
+        right = torch.cat([quant.dequantize_fp8_block(w, s) for w, s in layers])
+        if torch.equal(quant.dequantize_fp8_block(*want), right):
+            return "the placement loads these shards right (whole blocks, or scales that agree): not this bug"
+        for name, got, exp in (("weight", weight, want[0]), ("scale", scale, want[1])):
+            if got.shape != exp.shape or not torch.equal(got.view(torch.uint8), exp.view(torch.uint8)):
+                bad = (int((got.view(torch.uint8) != exp.view(torch.uint8)).any(-1).sum())
+                       if got.shape == exp.shape else f"shape {tuple(got.shape)} against {tuple(exp.shape)}:")
+                return f"{bad} rows of the merged {name} are not where the rounded-up placement puts them"
     return ""
 
 

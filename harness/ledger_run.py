@@ -174,6 +174,35 @@ def modelled(inner):
     return body
 
 
+class NotTheEntrysFailure(Exception):
+    """A failure of a whole-test known divergence (a user's checkpoint inside an entry's checkpoint rule) that the
+    entry's bug model does not explain: raised in its place, so the strict xfail, which expects the entry's own
+    exceptions only, reports the test failed."""
+
+
+def checkpoint_modelled(fn, entry_id: str):
+    """A plain test (not hypothesis's) that is known as a whole, as the entry's (its checkpoint rule): its
+    failure stays known only where the entry's signature and bug model explain it (why_not, over the calls the
+    test observes); else NotTheEntrysFailure, naming why. Pytest calls it with the test's fixtures."""
+
+    @functools.wraps(fn)
+    def body(*args, **kwargs):
+        recorded: list = []
+        try:
+            with observing(recorded):
+                return fn(*args, **kwargs)
+        except pytest.skip.Exception:
+            raise
+        except (pytest.fail.Exception, Exception) as e:
+            why = why_not(entry_id, fn.__name__, e, recorded)
+            if why:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                raise NotTheEntrysFailure(f"{UNEXPLAINED} {type(e).__name__}: {first[:200]}; {why}") from e
+            raise
+
+    return body
+
+
 def why_not(entry_id: str, test: str, e: BaseException, recorded: list) -> str:
     """"" when the failure `e` of `test` is the entry's: it matches the entry's failure signature
     (ledger_cases.signature_mismatch) and the entry's bug model explains the recorded calls (those the

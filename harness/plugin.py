@@ -789,6 +789,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # another kind on the user's checkpoint fails the test, not xfails it
             raises = ledger_cases.exception_types(ledger_cases.CASES[d.id].failure_signature(test))
             model = ledger_models.models().get(d.id)
+            if model is not None:  # known only where the model explains what the test observed
+                item.obj = ledger_run.checkpoint_modelled(item.obj, d.id)
             item.add_marker(pytest.mark.xfail(strict=True, raises=raises or None, reason=(
                 f"{d.id} ({d.upstream}): your checkpoint {ctx.checkpoint} is inside it: "
                 f"{ledger_cases.CHECKPOINT_RULES[d.id].meaning} (raising "

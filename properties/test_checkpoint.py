@@ -22,7 +22,7 @@ from k3num.engines import base
 from k3num.engines.mirror import context_kv as eager
 from k3num.fixtures import checkpoint as ckpt
 from k3num.fixtures.tensors import Draw
-from k3num.harness import run
+from k3num.harness import ledger_models, ledger_run, run
 from k3num.harness.judges import EPS, OUT_EPS, attn_res_oracle, fused_context_kv
 from k3num.oracles.records import judge
 from k3num.properties.checks.quantized_loading import refused as _refused
@@ -97,6 +97,8 @@ def test_checkpoint_quantized_shards_load_as_the_per_layer_weights(engine) -> No
     g = c.draft_geometry()
     tensors = [(n.rsplit(".", 1)[-1], t) for n, t in loading.duplicate(iter(_stream(c)), g.num_layers)
                if n.startswith("context_kv_proj.")]
+    shards = [c.kv_shard(layer) for layer in range(g.num_layers)]
+    order = [t.shard_id for n, t in tensors if n in ("weight", "weight_packed")]  # the arrival order
     try:
         if c.quant == "fp8":
             weight, scale = load(tensors, g.num_layers, (quant.FP8_BLOCK, quant.FP8_BLOCK))
@@ -108,17 +110,37 @@ def test_checkpoint_quantized_shards_load_as_the_per_layer_weights(engine) -> No
     except (ValueError, NotImplementedError) as e:  # a refusal is a result: recorded, with its message
         _refused(engine, f"checkpoint={c.root};quant={c.quant}", e)
         return
+    except RuntimeError as e:  # what was raised, for the ledger's bug model (K3N-011: the loader's narrow)
+        if c.quant == "fp8":
+            ledger_run.observe(ledger_models.BLOCK_FP8_MERGE, (_fp8_layers(shards), order, quant.FP8_BLOCK), e)
+        raise
     if c.quant == "fp8":
         want = torch.cat([c.kv_weight(layer) for layer in range(g.num_layers)])
     elif c.quant == "nvfp4-ct":  # as a one-layer checkpoint's NVFP4 GEMM reads it: fp32(1 / global scale)
-        want = torch.cat([quant.dequantize_nvfp4_modelopt(
-            s["weight_packed"], s["weight_scale"], (1.0 / s["weight_global_scale"]).to(torch.float32))
-            for s in (c.kv_shard(layer) for layer in range(g.num_layers))])
+        want = torch.cat([quant.dequantize_nvfp4_modelopt(*_nvfp4_layer(s, c.quant)) for s in shards])
     else:  # ModelOpt: scale_2 is the multiplier itself
         want = torch.cat([c.kv_weight(layer) for layer in range(g.num_layers)])
     wrong = (got != want).any(1).view(g.num_layers, g.kv_width).sum(1).tolist()
+    if sum(wrong) and c.quant == "fp8":  # the layers' own shards and what was loaded, for the ledger's bug models
+        ledger_run.observe(ledger_models.BLOCK_FP8_MERGE, (_fp8_layers(shards), order, quant.FP8_BLOCK),
+                           (weight, scale))
+    elif sum(wrong):
+        ledger_run.observe(ledger_models.NVFP4_MERGE, tuple(_nvfp4_layer(s, c.quant) for s in shards),
+                           (loaded["weight"], loaded["weight_scale"], loaded["weight_multiplier"]))
     assert sum(wrong) == 0, (f"{c.root} ({c.quant}): dequantized as the GEMM reads it, the merged weight differs from "
                              f"the checkpoint's per-layer weights in {wrong} rows per layer (of {g.kv_width})")
+
+
+def _fp8_layers(shards: list[dict[str, torch.Tensor]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's (fp8 weight [W, H], block scale [ceil(W / 128), ceil(H / 128)]), in layer order."""
+    return [(s["weight"], s["weight_scale_inv"]) for s in shards]
+
+
+def _nvfp4_layer(s: dict[str, torch.Tensor], fmt: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer's (packed e2m1, group scale, the float32 multiplier a one-layer checkpoint's GEMM applies)."""
+    if fmt == "nvfp4-ct":
+        return s["weight_packed"], s["weight_scale"], (1.0 / s["weight_global_scale"]).to(torch.float32)
+    return s["weight"], s["weight_scale"], s["weight_scale_2"]
 
 
 def _input_scales(layers: int) -> list[tuple[str, torch.Tensor]]:

@@ -705,6 +705,98 @@ def test_k3n_013s_model_is_the_flat_plan_and_refuses_the_head_aware_one_and_two_
         assert "not K3N-013's bug" in why and "not the flat plan" in why, why
 
 
+class _Order:
+    """hypothesis's `data` for the block-FP8 property's body: the arrival order it draws."""
+
+    def __init__(self, order: list[int]):
+        self.order = order
+
+    def draw(self, strategy, label=None):
+        return self.order
+
+
+def _block_fp8_load(layers: int, width: int, order: list[int] | None, seed: int = 0) -> ledger_models.Call:
+    """The block-FP8 property's body on vLLM's merged loader (its bare body, observed): the one load it saw."""
+    import inspect
+
+    from k3num.harness import ledger_run
+    from k3num.properties import test_quantized_loading as q_props
+
+    body = inspect.unwrap(q_props.test_block_fp8_merged_shards_dequantize_to_the_per_layer_weights.hypothesis.inner_test)
+    observed: list = []
+    with pytest.raises((AssertionError, RuntimeError)), ledger_run.observing(observed):
+        body(engine=_engine("vllm"), layers=layers, width=width, hidden=256, seed=seed,
+             data=None if order is None else _Order(order))
+    assert len(observed) == 1, observed
+    return observed[0]
+
+
+def test_k3n_011s_model_is_the_rounded_up_placement_and_refuses_the_correct_load_and_near_misses():
+    """K3N-011's model on vLLM's merged block-FP8 loader: the reproducer (5 layers of 576 rows: [0, 320, 0, 320, 0]
+    rows wrong), 3 layers arriving [2, 0, 1] and an even count whose last layer runs past the merged scale (the
+    narrow's RuntimeError, start 5 + length 5 > 9) are each the rounded-up placement, bit for bit. Refused: the
+    correct load (each layer's scale rows where the GEMM reads them), a shared scale row holding the earlier
+    layer's (the first arrival winning), one scale element one float32 ulp off, the narrow's error with other
+    numbers, and a load that returns where the placement raises."""
+    five = _block_fp8_load(5, 576, None)
+    assert ledger_models.explains("K3N-011", [five]) == ""
+    assert ledger_models.explains("K3N-011", [_block_fp8_load(3, 576, [2, 0, 1], seed=1)]) == ""
+    raised = _block_fp8_load(2, 576, None)
+    assert isinstance(raised.out, RuntimeError) and ledger_models.explains("K3N-011", [raised]) == ""
+
+    layers, order, block = five.args
+    weight, scale = five.out
+    from k3num.refmodel import quant
+
+    right = torch.cat([s for _, s in layers])  # 5 x 5 rows: each layer's own, as if 576 were whole blocks
+    why = ledger_models.explains("K3N-011", [dataclasses.replace(five, out=(weight, right[:scale.shape[0]]))])
+    assert "rows of the merged scale are not where" in why, why
+    first_wins = scale.clone()
+    first_wins[9] = layers[1][1][4]  # row 9 is shared by layer 1 (its last) and layer 2 (its first, arriving later)
+    assert not torch.equal(first_wins, scale)
+    why = ledger_models.explains("K3N-011", [dataclasses.replace(five, out=(weight, first_wins))])
+    assert "1 rows of the merged scale" in why, why
+    ulp = scale.clone()
+    ulp.view(torch.int32)[3, 0] += 1
+    assert "1 rows of the merged scale" in ledger_models.explains("K3N-011", [dataclasses.replace(five, out=(weight, ulp))])
+    other = dataclasses.replace(raised, out=RuntimeError("start (4) + length (5) exceeds dimension size (9)."))
+    assert "where the placement raises" in ledger_models.explains("K3N-011", [other])
+    returned = dataclasses.replace(raised, out=(torch.cat([w for w, _ in raised.args[0]]), right[:9]))
+    assert "the load returned, where the placement raises" in ledger_models.explains("K3N-011", [returned])
+    whole = [quant.quantize_fp8_block(torch.randn(256, 128, dtype=torch.float64) * (1 + i)) for i in range(2)]
+    correct = ledger_models.Call(ledger_models.BLOCK_FP8_MERGE, (whole, [0, 1], block),
+                                 {}, (torch.cat([w for w, _ in whole]), torch.cat([s for _, s in whole])))
+    assert "loads these shards right" in ledger_models.explains("K3N-011", [correct])
+
+
+def test_a_checkpoint_known_as_a_whole_stays_known_only_where_its_entrys_model_explains_it():
+    """A user's checkpoint inside K3N-011's checkpoint rule xfails the whole test, strictly, with the entry's
+    exceptions (harness/plugin.py); the test body is wrapped so that the failure is the entry's only where its
+    bug model explains what the test observed: vLLM's misplaced load re-raises its AssertionError (xfailed), a
+    load of the same message whose scale rows are somewhere else raises NotTheEntrysFailure (failed), as does a
+    TypeError."""
+    from k3num.harness import ledger_run
+
+    five = _block_fp8_load(5, 576, None)
+    message = "ckpt (fp8): dequantized as the GEMM reads it, the merged weight differs from the checkpoint's " \
+              "per-layer weights in [0, 320, 0, 320, 0] rows per layer (of 576)"
+
+    def test_checkpoint_quantized_shards_load_as_the_per_layer_weights(out, error):
+        ledger_run.observe(ledger_models.BLOCK_FP8_MERGE, five.args, out)
+        raise error
+
+    wrapped = ledger_run.checkpoint_modelled(test_checkpoint_quantized_shards_load_as_the_per_layer_weights, "K3N-011")
+    with pytest.raises(AssertionError, match="rows per layer"):
+        wrapped(out=five.out, error=AssertionError(message))
+    moved = five.out[1].clone()
+    moved[[0, 1]] = moved[[1, 0]]
+    with pytest.raises(ledger_run.NotTheEntrysFailure, match="not K3N-011's bug .*2 rows of the merged scale"):
+        wrapped(out=(five.out[0], moved), error=AssertionError(message))
+    with pytest.raises(ledger_run.NotTheEntrysFailure, match="not K3N-011's failure: 'TypeError"):
+        wrapped(out=five.out, error=TypeError("unsupported operand"))
+    assert not issubclass(ledger_run.NotTheEntrysFailure, (AssertionError, RuntimeError))  # the xfail's raises=
+
+
 def test_k3n_012s_model_is_one_kept_multiplier_and_refuses_the_correct_load_and_two_near_misses():
     """K3N-012's model on vLLM's merged NVFP4 loader (the property's bare body for the reproducer, observed): the
     layers' own values and group scales under one of their multipliers is explained. Refused: the correct load

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from k3num.harness import ledger_models
 from k3num.harness.ledger_cases import (
     CHECKPOINT_TEST,
     K3_WIDTH,
@@ -17,7 +18,7 @@ ENTRY = Entry(
                     lambda a: a["width"] % 128 != 0 and a["layers"] >= 2,
                     "test_block_fp8_merged_shards_dequantize_to_the_per_layer_weights",
                     {"layers": 5, "width": K3_WIDTH, "hidden": 256, "data": None, "seed": 0},
-                    # the entry's own pattern of wrong rows per layer (its `what`): the model, as the message
+                    # the reproducer's rows wrong per layer (its `what`); the model below judges the bytes loaded
                     signature=r"differs from the per-layer weights in \[0, 320, 0, 320, 0\] rows per layer",
                     # the misplaced rows; or, with an even number of layers, the last layer's scale rows placed
                     # at ceil(576 (L-1) / 128) for ceil(576 / 128) rows run past the merged scale's
@@ -29,10 +30,10 @@ ENTRY = Entry(
                               CHECKPOINT_TEST: r"^AssertionError: .*: dequantized as the GEMM reads it, the merged "
                                                r"weight differs from the checkpoint's per-layer weights in \[[0-9, ]+\]"
                                                r" rows per layer|^RuntimeError: start \(\d+\) \+ length \(\d+\) "
-                                               r"exceeds dimension size \(\d+\)\."},
-                    no_model="the reproducer's signature is the model: the rows wrong per layer that "
-                             "adjust_block_scale_shard's placement predicts, [0, 320, 0, 320, 0]; drawn cases other "
-                             "than the reproducer's are judged by the region rule"),
+                                               r"exceeds dimension size \(\d+\)\."}),
+    model=ledger_models.BugModel((ledger_models.BLOCK_FP8_MERGE,), ledger_models.scales_placed_by_rounding_up,
+                                 "each layer's scale rows placed at ceil(W l / 128) in arrival order (the later "
+                                 "layer's in a shared row), or the narrow's error where they run past"),
     checkpoint=CheckpointRule(CHECKPOINT_TEST, block_fp8_not_whole_blocks,
                               "vLLM 0.33.0 would load this block-FP8 draft's merged context-KV weight with block "
                               "scales misplaced (its per-layer width is not a multiple of 128): some layers' context "

@@ -323,7 +323,7 @@ def _run(cmd: list[str], env: dict, out: Path, k: str | None) -> int:
 
 # what a check writes into --out: a run that produced a result replaces exactly these; nothing else there is touched
 OWNED = ("check.md", "check.csv", "examples.csv", "records.csv", "unpaired.csv", "drift.csv", "drift.meta.json",
-         "repro", "side-head", "side-base")
+         "repro", "side-head", "side-base", "mutate")
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -346,6 +346,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         rc = _check(args, pin, head, base, stage, out)
         if rc is None:
             return 2
+        if getattr(args, "mutate", False):  # the head's changed lines, mutated: what no property judges
+            rc = max(rc, _mutate_changed(args, head, stage))
         for name in OWNED:
             old = out / name
             if old.is_dir() and not old.is_symlink():
@@ -357,6 +359,18 @@ def cmd_check(args: argparse.Namespace) -> int:
         return rc
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def _mutate_changed(args: argparse.Namespace, head: Path, stage: Path) -> int:
+    """`--mutate`: k3num mutate on the lines the head changed (harness/mutate.py), into OUT/mutate; 0 nothing
+    survived (or nothing to mutate), 1 a survivor (listed), 2 it could not run."""
+    from k3num.harness import mutate
+
+    print("[check] --mutate: the mutants of the lines the head changed", file=sys.stderr)
+    ns = argparse.Namespace(engine=args.engine, head=str(head), release=None, file=None, function=None,
+                            operators=None, sample=None, seed=0, workers=args.mutate_workers, profile="ci",
+                            out=str(stage / "mutate"), fresh=True)
+    return mutate.main(ns)
 
 
 def _check(args: argparse.Namespace, pin: str, head: Path, base: str, stage: Path, out: Path) -> int | None:
@@ -444,6 +458,10 @@ def add_parser(sub) -> None:
                         "pinned release's version")
     profiles.add_option(c, "ci", "hypothesis profile (default ci)")
     c.add_argument("-k", default=None, help="a pytest -k expression selecting properties")
+    c.add_argument("--mutate", action="store_true",
+                   help="then mutate the lines the head changed (k3num mutate --head) and list the survivors: the "
+                        "new code no property judges (OUT/mutate/report.md); a survivor makes the exit 1")
+    c.add_argument("--mutate-workers", type=int, default=1, metavar="N", help="--mutate's workers (default 1)")
     c.add_argument("--device", default=None,
                    help="device of the small-shape properties: cpu or cuda[:N] (default: cuda where CUDA is, else cpu)")
     c.add_argument("--out", default="out/check", help="output directory (default out/check)")

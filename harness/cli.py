@@ -17,6 +17,8 @@
     k3num impact              what each engine's K3 paths do to the draft's proposed tokens (harness/impact.py)
     k3num coverage            every K3 kernel and code path on the three paths: bound or not, the property
                               tests that judge it, why not (harness/coverage.py; --format csv)
+    k3num mutate              the suite's mutation score on an engine's bound K3 functions (cosmic-ray;
+                              harness/mutate.py)
     k3num tree ENGINE DIR     a pinned release's bound files, copied from the hash-checked cache into DIR laid
                               out like the installed package: a tree to edit for `k3num check --head DIR`
 """
@@ -427,11 +429,12 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("dir", metavar="DIR", help="a new or empty folder")
     t.add_argument("--force", action="store_true", help="replace DIR if it exists")
     t.set_defaults(func=cmd_tree)
-    from k3num.harness import check, coverage, impact
+    from k3num.harness import check, coverage, impact, mutate
 
     check.add_parser(sub)
     coverage.add_parser(sub)
     impact.add_parser(sub)
+    mutate.add_parser(sub)
     bi = sub.add_parser("bisect", epilog="exit codes: 0 the first bad commit found (or the candidates left); 2 it "
                                          "could not bisect (an engine without pins, a revision that does not judge "
                                          "as its end says), with the reason",

@@ -101,10 +101,10 @@ def judged_by() -> dict[str, list[str]]:
     constants = _subject_constants()
     trees = {path: ast.parse(path.read_text()) for path in sorted(PROPERTIES.glob("test_*.py"))}
     shared = [ast.parse(path.read_text()) for path in sorted((PROPERTIES / "checks").glob("*.py"))]
-    names = {  # module-level NAME = "contract" in any property or checks module (imported by the others)
-        t.id: node.value.value for tree in [*trees.values(), *shared] for node in tree.body
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value in PATH_OF
-        for t in node.targets if isinstance(t, ast.Name)}
+    # module-level NAME = "contract", or NAME = [base.SUBJECT, ...] (a list a test is parametrized over), in any
+    # property or checks module (imported by the others)
+    names = {t.id: named for tree in [*trees.values(), *shared] for node in tree.body if isinstance(node, ast.Assign)
+             for named in [_named(node.value, constants)] if named for t in node.targets if isinstance(t, ast.Name)}
     checks = _helpers_using([n for tree in shared for n in tree.body if isinstance(n, ast.FunctionDef)],
                             constants, names)
     out: dict[str, set[str]] = {}
@@ -175,7 +175,7 @@ def _calls(fn: ast.AST, used_by: dict[str, set[str]]) -> set[str]:
     return out
 
 
-def _helpers_using(helpers: list[ast.FunctionDef], constants: dict[str, str], names: dict[str, str],
+def _helpers_using(helpers: list[ast.FunctionDef], constants: dict[str, str], names: dict[str, set[str]],
                    known: dict[str, set[str]] | None = None) -> dict[str, set[str]]:
     """helper name -> what it uses, itself or through the helpers it calls (to a fixed point)."""
     used = {fn.name: _uses(fn, constants, names) for fn in helpers}
@@ -190,11 +190,23 @@ def _helpers_using(helpers: list[ast.FunctionDef], constants: dict[str, str], na
     return used
 
 
-def _uses(fn: ast.AST, constants: dict[str, str], names: dict[str, str]) -> set[str]:
+def _named(value: ast.expr, constants: dict[str, str]) -> set[str]:
+    """The subjects or contracts a module-level value names: a "contract" string, or a list or tuple of them
+    and of `base.SUBJECT` constants (every element must name one); else none."""
+    if isinstance(value, ast.Constant) and isinstance(value.value, str) and value.value in PATH_OF:
+        return {value.value}
+    if isinstance(value, (ast.List, ast.Tuple)) and value.elts:
+        each = [_named(e, constants) or ({constants[e.attr]} if isinstance(e, ast.Attribute) and isinstance(
+            e.value, ast.Name) and e.value.id == "base" and e.attr in constants else set()) for e in value.elts]
+        return set().union(*each) if all(each) else set()
+    return set()
+
+
+def _uses(fn: ast.AST, constants: dict[str, str], names: dict[str, set[str]]) -> set[str]:
     used: set[str] = set()
     for node in ast.walk(fn):
         if isinstance(node, ast.Name) and node.id in names:
-            used.add(names[node.id])
+            used |= names[node.id]
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "base" \
                 and node.attr in constants:
             used.add(constants[node.attr])

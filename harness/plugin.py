@@ -161,6 +161,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "a run interrupted after it is reported as cut by that limit, not as crashed workers",
     )
     group.addoption(
+        "--ledger-on-edited-files",
+        action="store_true",
+        default=False,
+        help="keep the ledger's entries on a tree whose files differ from the pinned bytes (k3num mutate: the "
+        "pinned tree with one mutant): a known bug's failure stays known where its signature and model explain it",
+    )
+    group.addoption(
         "--drift-csv",
         default=None,
         metavar="PATH",
@@ -775,8 +782,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         # an entry applies while its files are the pinned bytes: a tree that changed one of them (a fix, a
         # patch) is judged plainly, a tree that changed only other files of the engine keeps the entry
+        keep = config.getoption("--ledger-on-edited-files")
         found = [d for d in found if pin is not None
-                 and applies.setdefault(d.id, pinned_files(ctx.source(pin.engine), d.files))]
+                 and (keep or applies.setdefault(d.id, pinned_files(ctx.source(pin.engine), d.files)))]
         # a user's checkpoint hits an entry or not, decided once from its config and scales
         by_ckpt = [d for d in found if ledger_cases.CHECKPOINT_RULES.get(d.id, None) is not None
                    and ledger_cases.CHECKPOINT_RULES[d.id].test == test]

@@ -279,16 +279,25 @@ def execute(out: Path, engine: str, release: str, chosen: list[Target], workers:
         if not t.exists():
             shutil.copytree(out / "trees" / "ref", t)
     by_file = {t.file: t for t in chosen}
-    base = {}
-    for t in chosen:  # the unmutated run: its time sets the timeout; it must pass
+    with use_db(str(out / "session.sqlite"), WorkDB.Mode.open) as db:
+        ref = out / "trees" / "ref"
+        wanted = {str(Path(i.mutations[0].module_path).relative_to(ref)) for i in db.pending_work_items}
+
+    def baseline(t: Target, tree: Path) -> tuple[float, str, str]:
         t0 = time.monotonic()
-        p = subprocess.run(_pytest(engine, trees[0], t.properties, profile), cwd=ROOT, capture_output=True, text=True)
-        base[t.file] = time.monotonic() - t0
-        outcome, test = judge_run(p.returncode, p.stdout + p.stderr, engine)
-        if outcome != SURVIVED:
-            raise MutateError(f"{engine} {release} {t.file}: the unmutated tree does not pass its own properties "
-                              f"({outcome}: {test or 'no test ran'})")
-        log(f"[mutate] {t.file}: unmutated run {base[t.file]:.0f} s ({len(t.properties)} properties)")
+        p = subprocess.run(_pytest(engine, tree, t.properties, profile), cwd=ROOT, capture_output=True, text=True)
+        return (time.monotonic() - t0, *judge_run(p.returncode, p.stdout + p.stderr, engine))
+
+    base = {}
+    todo = [t for t in chosen if t.file in wanted]  # the unmutated runs, side by side: each sets its timeout
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        runs = {t.file: pool.submit(baseline, t, trees[i % workers]) for i, t in enumerate(todo)}
+        for t in todo:
+            base[t.file], outcome, test = runs[t.file].result()
+            if outcome != SURVIVED:
+                raise MutateError(f"{engine} {release} {t.file}: the unmutated tree does not pass its own "
+                                  f"properties ({outcome}: {test or 'no test ran'})")
+            log(f"[mutate] {t.file}: unmutated run {base[t.file]:.0f} s ({len(t.properties)} properties)")
     with use_db(str(out / "session.sqlite"), WorkDB.Mode.open) as db:
         pending = list(db.pending_work_items)
         total, done, t_start = len(pending), 0, time.monotonic()

@@ -722,7 +722,8 @@ def _block_fp8_load(layers: int, width: int, order: list[int] | None, seed: int 
     from k3num.harness import ledger_run
     from k3num.properties import test_quantized_loading as q_props
 
-    body = inspect.unwrap(q_props.test_block_fp8_merged_shards_dequantize_to_the_per_layer_weights.hypothesis.inner_test)
+    prop = q_props.test_block_fp8_merged_shards_dequantize_to_the_per_layer_weights
+    body = inspect.unwrap(prop.hypothesis.inner_test)
     observed: list = []
     with pytest.raises((AssertionError, RuntimeError)), ledger_run.observing(observed):
         body(engine=_engine("vllm"), layers=layers, width=width, hidden=256, seed=seed,
@@ -758,7 +759,8 @@ def test_k3n_011s_model_is_the_rounded_up_placement_and_refuses_the_correct_load
     assert "1 rows of the merged scale" in why, why
     ulp = scale.clone()
     ulp.view(torch.int32)[3, 0] += 1
-    assert "1 rows of the merged scale" in ledger_models.explains("K3N-011", [dataclasses.replace(five, out=(weight, ulp))])
+    why = ledger_models.explains("K3N-011", [dataclasses.replace(five, out=(weight, ulp))])
+    assert "1 rows of the merged scale" in why, why
     other = dataclasses.replace(raised, out=RuntimeError("start (4) + length (5) exceeds dimension size (9)."))
     assert "where the placement raises" in ledger_models.explains("K3N-011", [other])
     returned = dataclasses.replace(raised, out=(torch.cat([w for w, _ in raised.args[0]]), right[:9]))

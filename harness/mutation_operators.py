@@ -74,6 +74,13 @@ def _trailing_method(node, names: tuple[str, ...]) -> bool:
             and attr.type == "trailer" and attr.children[0] == "." and attr.children[1].value in names)
 
 
+def _put(parent, i: int, child):
+    """`parent` with its i-th child replaced by `child` (parso's tree edited in place); returns `parent`."""
+    parent.children[i] = child
+    child.parent = parent
+    return parent
+
+
 def _drop_last_two(node):
     """The atom_expr without its last two trailers (`.m` and `(...)`): the object the method was called on."""
     rest = node.children[:-2]
@@ -96,11 +103,7 @@ class DropMaxSubtraction(Operator):
                 yield (arg.start_pos, arg.end_pos)
 
     def mutate(self, node, index):
-        arg = _call_argument(node)
-        kept = arg.children[0]
-        trailer = node.children[-1]
-        trailer.children[1] = kept
-        kept.parent = trailer
+        _put(node.children[-1], 1, _call_argument(node).children[0])  # the call's argument: its first operand
         return node
 
     @classmethod
@@ -162,10 +165,7 @@ class ExtraRounding(Operator):
     def mutate(self, node, index):
         rhs = node.children[2]
         ns = "tl" if _in_jit(node) else "torch"
-        new = _expr(f"({rhs.get_code().strip()}).to({ns}.bfloat16)", rhs.get_first_leaf().prefix)
-        node.children[2] = new
-        new.parent = node
-        return node
+        return _put(node, 2, _expr(f"({rhs.get_code().strip()}).to({ns}.bfloat16)", rhs.get_first_leaf().prefix))
 
     @classmethod
     def examples(cls):
@@ -222,10 +222,7 @@ class SwapAxis(Operator):
 
     def mutate(self, node, index):
         old = node.children[2]
-        new = _expr(AXES[old.get_code().strip()], old.get_first_leaf().prefix)
-        node.children[2] = new
-        new.parent = node
-        return node
+        return _put(node, 2, _expr(AXES[old.get_code().strip()], old.get_first_leaf().prefix))
 
     @classmethod
     def examples(cls):

@@ -1,4 +1,4 @@
-"""`k3num mutate`: the suite's mutation score on an engine's bound K3 functions (issue 56).
+"""`k3num mutate`: the suite's mutation score on an engine's bound K3 functions.
 
 The engine underneath is cosmic-ray 8.7 (docs/mutation.md says why, from the measured spike): its operators
 (and ours, harness/mutation_operators.py: `k3num/<Name>`) enumerate the mutants of each bound file, its

@@ -1,4 +1,4 @@
-"""Mutation operators for the bugs kernel authors write (issue 56), as a cosmic-ray operator provider.
+"""Mutation operators for the bugs kernel authors write, as a cosmic-ray operator provider.
 
 cosmic-ray's core operators change comparisons, arithmetic, numbers and booleans; these change what numerics
 code gets wrong: a rounding, a cast, a max subtraction, a copy, an axis, an eps, an argument order. Each is a

@@ -2,7 +2,7 @@
 
 The operators are proven on their examples and on the engines' own files: each must apply where its bug would
 be written (the dropped max subtraction at SGLang's combine kernel, the dropped copy at TokenSpeed's tap), and
-the mutants those make must be killed by the suite (issue 56's two misses), end to end through cosmic-ray's
+the mutants those make must be killed by the suite (two fresh plants that had passed whole suites), end to end through cosmic-ray's
 session. The command's bad input exits 2 and writes nothing.
 """
 
@@ -53,7 +53,7 @@ def _positions(path: Path, op) -> list[int]:
 
 def test_the_operators_reach_the_two_misses_in_the_engines_files() -> None:
     """The dropped max subtraction of SGLang's _combine_kernel and the dropped copy of TokenSpeed's prefix-stream
-    tap (issue 56's two fresh bugs that passed whole suites) are each a mutant of the operators, at the line."""
+    tap (two fresh bugs that had passed whole suites) are each a mutant of the operators, at the line."""
     for engine in ("sglang", "tokenspeed"):
         if fetch.missing_files(engine):
             pytest.skip(f"{engine} is not fetched (k3num fetch {engine})")

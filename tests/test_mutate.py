@@ -2,8 +2,8 @@
 
 The operators are proven on their examples and on the engines' own files: each must apply where its bug would
 be written (the dropped max subtraction at SGLang's combine kernel, the dropped copy at TokenSpeed's tap), and
-the mutants those make must be killed by the suite (two fresh plants that had passed whole suites), end to end through cosmic-ray's
-session. The command's bad input exits 2 and writes nothing.
+the mutants those make must be killed by the suite (two fresh plants that had passed whole suites), end to end
+through cosmic-ray's session. The command's bad input exits 2 and writes nothing.
 """
 
 from __future__ import annotations

@@ -197,6 +197,8 @@ class Capabilities(Mapping[str, Any]):
                                               "insert, bf16 and fp8 (engines.standins.MlaEpilogue)")
     tap_owner: Callable[..., Any] | None = _cap("contract", "2", "which PP stage captures each aux tap")
     pp_taps: Callable[..., Any] | None = _cap("contract", "2", "the PP forward loop's taps (base.PPTapPlan)")
+    capture_split: Callable[..., Any] | None = _cap("contract", "2", "which layers decline a fused AttnRes graph "
+                                                                    "because they produce a captured tap")
     transfer_pairs: Callable[..., Any] | None = _cap("contract", "3",
                                                      "the draft-KV transfer's (sender, receiver) pairs")
     kv_transfer: Any = _cap("contract", "3", "the released KV transfer on synthetic pointers")

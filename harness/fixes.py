@@ -33,6 +33,7 @@ SGLANG_DRAFT_KV = "sglang/kernels/ops/speculative/dspark/fused_kv_write.py"
 TOKENSPEED_MODEL = "tokenspeed/runtime/models/kimi_k3_dspark.py"
 TOKENSPEED_CONTEXT = "tokenspeed/runtime/execution/dspark_context.py"
 TOKENSPEED_KIMI_K3 = "tokenspeed/runtime/models/kimi_k3.py"
+TOKENSPEED_ROPE = "tokenspeed_kernel/ops/embedding/triton.py"
 VLLM_DSPARK = "vllm/models/kimi_k3/nvidia/dspark_mla.py"
 ROCM_LINEAR = "vllm/models/kimi_k3/amd/linear.py"
 
@@ -335,6 +336,29 @@ def prefix_tap_aliases_the_running_prefix(text: str, path: str) -> str:
                               "prefix_sum.clone()", "prefix_sum")
 
 
+def rope_query_heads_read_head_0(text: str, path: str) -> str:
+    """Planted bug (a dropped stride term): TokenSpeed's RoPE kernel reads every query head from head 0's lanes
+    (`q_ptr + token_idx * q_stride_t`, no `head_idx * q_stride_h`) and writes it to its own head. The context
+    write rotates keys alone (a zero-width query), so only a property that passes query heads sees it."""
+    return _replace_in(text, path, "_rope_apply_kernel", r"base_ptr = q_ptr \+ token_idx \* q_stride_t \+ head_idx",
+                       " + head_idx * q_stride_h", "")
+
+
+def split_the_tap_layer_not_its_consumer(text: str, path: str) -> str:
+    """Planted bug (an off-by-one): TokenSpeed marks the captured layer itself for split AttnRes execution
+    instead of its consumer (`layer_idx in captured` for `layer_idx - 1 in captured`), so the layer whose
+    attention mixture is the tap may take the fused graph on CUDA."""
+    return _replace_in_method(text, path, "_refresh_dflash_capture_fallback", r"layer_idx - 1 in captured",
+                              "layer_idx - 1 in captured", "layer_idx in captured")
+
+
+def tap_owner_prefix_by_name_prefix(text: str, path: str) -> str:
+    """Planted bug (a lenient match): `_context_tap_owner_layer` takes any stream whose name starts with
+    "prefix" for the prefix stream (`startswith`) instead of refusing it: "prefix_sum" gets an owner layer."""
+    return _replace_in(text, path, "_context_tap_owner_layer", r'if aux_hidden_stream == "prefix":',
+                       'aux_hidden_stream == "prefix"', 'aux_hidden_stream.startswith("prefix")')
+
+
 def score_norm_by_padded_width(text: str, path: str) -> str:
     """Planted bug (a masked-lane slip, issue 37/38): ROCm's _attn_res_kernel divides each source's sum of
     squares by the padded block width BLOCK_D instead of hidden_size, so every hidden size that is not a power of
@@ -482,6 +506,16 @@ TREE_MUTANTS: tuple[Fix, ...] = (
         ((TOKENSPEED_KIMI_K3, prefix_tap_aliases_the_running_prefix),), ("tokenspeed",),
         ("properties/test_aux_tap.py::"
          "test_a_tap_handed_on_keeps_its_value_when_the_next_layers_change_their_buffers_in_place",)),
+    # survivors of the first mutation sample (docs/mutation.md), each a kind no property reached: query heads
+    # in the RoPE kernel, the split layers of captured AttnRes taps, a stream name beside "prefix"
+    Fix("rope-query-heads-read-head-0", "tokenspeed", ((TOKENSPEED_ROPE, rope_query_heads_read_head_0),),
+        ("tokenspeed",), ("properties/test_context_kv_ops.py::"
+                          "test_rope_rotates_every_query_and_key_head_and_passes_the_tail_through",)),
+    Fix("split-the-tap-layer-not-its-consumer", "tokenspeed",
+        ((TOKENSPEED_KIMI_K3, split_the_tap_layer_not_its_consumer),), ("tokenspeed",),
+        ("properties/test_pp_taps.py::test_exactly_the_consumers_of_captured_attn_res_taps_run_split",)),
+    Fix("tap-owner-prefix-by-name-prefix", "tokenspeed", ((TOKENSPEED_MODEL, tap_owner_prefix_by_name_prefix),),
+        ("tokenspeed",), ("properties/test_tap_owner.py::test_unknown_stream_is_refused",)),
 )
 
 

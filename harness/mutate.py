@@ -190,6 +190,47 @@ def function_spans(path: Path) -> list[tuple[int, int, str]]:
     return spans
 
 
+EVALUATES_ANNOTATIONS = ("get_type_hints", "custom_op", "infer_schema", "register_fake", "jit.script", "pydantic",
+                         "inspect.signature")
+
+
+def unevaluated_annotations(path: Path) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """((line, col), (end line, end col)) of every annotation Python never evaluates: a function's parameters and
+    return in a file with `from __future__ import annotations`, and local variables' anywhere (a mutant there
+    changes no behaviour: it cannot be killed, so it is not a mutant of the code). Kept: a class body's (a
+    dataclass or pydantic model reads them), a decorated function's (triton.jit reads `tl.constexpr`, a
+    registry may read the rest) and every signature of a file that may evaluate them (EVALUATES_ANNOTATIONS: a
+    custom op's schema is inferred from them)."""
+    import ast
+
+    text = path.read_text()
+    tree = ast.parse(text)
+    postponed = any(isinstance(n, ast.ImportFrom) and n.module == "__future__" and
+                    any(a.name == "annotations" for a in n.names) for n in tree.body) and not any(
+        w in text for w in EVALUATES_ANNOTATIONS)
+    found: list[ast.expr] = []
+
+    def walk(node, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) and postponed and not child.decorator_list:
+                args = child.args
+                found.extend(a.annotation for a in (*args.posonlyargs, *args.args, *args.kwonlyargs,
+                                                    args.vararg, args.kwarg) if a is not None and a.annotation)
+                found.extend([child.returns] if child.returns is not None else [])
+            if isinstance(child, ast.AnnAssign) and in_function:
+                found.append(child.annotation)
+            walk(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    walk(tree, False)
+    return [((a.lineno, a.col_offset), (a.end_lineno, a.end_col_offset)) for a in found]
+
+
+def inside(spans: list[tuple[tuple[int, int], tuple[int, int]]], start: tuple[int, int],
+           end: tuple[int, int]) -> bool:
+    """Whether the source range start..end ((line, col), 1-based lines) lies within one of `spans`."""
+    return any(a <= tuple(start) and tuple(end) <= b for a, b in spans)
+
+
 def function_at(spans: list[tuple[int, int, str]], line: int) -> str:
     """The qualified name of the innermost function holding `line` ("" at module level)."""
     inside = [s for s in spans if s[0] <= line <= s[1]]
@@ -240,6 +281,7 @@ def _init(db_path: Path, tree: Path, chosen: list[Target], ops: list[str], sampl
 
     by_file = {str(tree / t.file): t for t in chosen}
     spans = {p: function_spans(Path(p)) for p in by_file}
+    unevaluated = {p: unevaluated_annotations(Path(p)) for p in by_file}
     with use_db(str(db_path), WorkDB.Mode.create) as db:
         init([Path(p) for p in by_file], db, {})
         kept = {}  # (file, operator, occurrence): a mutant's name whatever job id the session gave it
@@ -249,6 +291,8 @@ def _init(db_path: Path, tree: Path, chosen: list[Target], ops: list[str], sampl
             why = ("outside the bound functions"
                    if function_at(spans[str(spec.module_path)], spec.start_pos[0]) not in t.functions else
                    "operator not chosen" if spec.operator_name not in ops else
+                   "in an annotation Python never evaluates" if inside(unevaluated[str(spec.module_path)],
+                                                                       spec.start_pos, spec.end_pos) else
                    "a line the head did not change" if lines is not None and not (
                        set(range(spec.start_pos[0], spec.end_pos[0] + 1)) & lines.get(t.file, set())) else "")
             if why:
@@ -357,6 +401,10 @@ def results(out: Path, engine: str, release: str, chosen: list[Target]):
 
 EQUIVALENTS = Path(__file__).resolve().parent / "mutation_equivalents.csv"
 EQUIVALENT = "equivalent"  # a survivor listed in EQUIVALENTS: it cannot change any output the engine can give
+# a survivor listed as changing only what runs on hardware this project cannot run (a choice among SM100 or
+# CDNA kernels): not CPU-runnable code, so outside the score, and counted apart
+NOT_RUNNABLE = "not runnable here"
+KINDS = (EQUIVALENT, NOT_RUNNABLE)
 KEY = ("engine", "file", "function", "operator", "before", "after")  # what names a mutant across line moves
 
 
@@ -370,38 +418,41 @@ def changed_lines(diff: str) -> tuple[str, str]:
 
 
 def equivalents(path: Path = EQUIVALENTS):
-    """The reviewed list of equivalent mutants (KEY columns and `reason`, every one non-empty; ValueError
-    naming the row otherwise)."""
+    """The reviewed list of survivors left out of the score (KEY columns, `kind` (KINDS) and `reason`, every one
+    non-empty; ValueError naming the row otherwise)."""
     import pandas as pd
 
     frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    missing = [c for c in (*KEY, "reason") if c not in frame.columns]
+    missing = [c for c in (*KEY, "kind", "reason") if c not in frame.columns]
     if missing:
         raise ValueError(f"{path}: no column(s) {missing}")
     for i, row in frame.iterrows():
-        empty = [c for c in (*KEY, "reason") if not row[c].strip()]
+        empty = [c for c in (*KEY, "kind", "reason") if not row[c].strip()]
         if empty:
             raise ValueError(f"{path}: row {i + 2}: empty {empty}")
+        if row["kind"] not in KINDS:
+            raise ValueError(f"{path}: row {i + 2}: kind {row['kind']!r} is none of {list(KINDS)}")
     return frame
 
 
 def mark_equivalents(frame, listed=None):
-    """The frame with each survivor that the reviewed list names marked EQUIVALENT (and its reason in `test`)."""
+    """The frame with each survivor that the reviewed list names marked with its kind (EQUIVALENT or
+    NOT_RUNNABLE) and its reason in `test`."""
     listed = equivalents() if listed is None else listed
-    reasons = {tuple(r[c] for c in KEY): r["reason"] for _, r in listed.iterrows()}
+    reasons = {tuple(r[c] for c in KEY): (r["kind"], r["reason"]) for _, r in listed.iterrows()}
     frame = frame.copy()
     for i, r in frame.iterrows():
         if r["outcome"] == SURVIVED:
             key = (r["engine"], r["file"], r["function"], r["operator"], *changed_lines(r["diff"]))
             if key in reasons:
-                frame.loc[i, ["outcome", "test"]] = [EQUIVALENT, reasons[key]]
+                frame.loc[i, ["outcome", "test"]] = list(reasons[key])
     return frame
 
 
 def score(frame) -> tuple[int, int, float, float, float]:
     """(killed incl. timed out, competent and not equivalent, score, and its 95% Wilson interval) of a frame of
     mutants."""
-    competent = frame[~frame["outcome"].isin([INCOMPETENT, EQUIVALENT])]
+    competent = frame[~frame["outcome"].isin([INCOMPETENT, *KINDS])]
     n, k = len(competent), int(competent["outcome"].isin([KILLED, TIMED_OUT]).sum())
     if n == 0:
         return k, n, math.nan, math.nan, math.nan
@@ -417,7 +468,9 @@ def report(frame, engine: str, release: str, sample: str) -> str:
     lines = [f"# Mutation score: {engine} {release}", "",
              f"{k} of {n} competent mutants killed: **{p:.1%}** (95% interval {lo:.1%}-{hi:.1%}){sample}; "
              f"{int((frame['outcome'] == INCOMPETENT).sum())} incompetent, "
-             f"{int((frame['outcome'] == EQUIVALENT).sum())} equivalent (listed, with why: {EQUIVALENTS.name}), "
+             f"{int((frame['outcome'] == EQUIVALENT).sum())} equivalent and "
+             f"{int((frame['outcome'] == NOT_RUNNABLE).sum())} not runnable here (listed, with why: "
+             f"{EQUIVALENTS.name}), "
              f"{int((frame['outcome'] == TIMED_OUT).sum())} timed out (counted killed).", ""]
     for key in ("file", "function", "subject", "operator"):
         lines += [f"## By {key}", "", f"| {key} | killed | competent | score |", "|---|---|---|---|"]

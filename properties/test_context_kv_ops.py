@@ -56,6 +56,25 @@ def _elementwise(engine, prop: str, op: str, out: torch.Tensor, ref: torch.Tenso
                  reduction_len=n, detail=detail))
 
 
+def _rotated(xs: torch.Tensor, c64: torch.Tensor, neox: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the float64 rotation of xs [..., R] by the cache rows c64 [..., R] = [cos | sin] (broadcast), the
+    elementwise scale of its bound). A rotated element y = a cos - b sin in fp32: two products and a difference
+    err by <= u32 (|a cos| + |b sin|) + u32 |y| <= 2.5 u32 |pair| (|cos|, |sin| <= 1, |a cos| + |b sin| <=
+    sqrt(2) |pair|), then one bf16 rounding: |out - ref| <= u |ref| + (1 + u) 2.5 u32 |pair| = u * scale."""
+    r = xs.shape[-1]
+    cos, sin = c64[..., : r // 2], c64[..., r // 2:]
+    if neox:
+        a, b = xs[..., : r // 2], xs[..., r // 2:]
+        ref = torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
+    else:
+        a, b = xs[..., 0::2], xs[..., 1::2]
+        ref = torch.stack([a * cos - b * sin, b * cos + a * sin], -1).flatten(-2)
+    u = budgets.unit_roundoff(LOW)
+    pair = torch.sqrt(a * a + b * b)
+    pair = torch.cat([pair, pair], -1) if neox else torch.stack([pair, pair], -1).flatten(-2)
+    return ref, ref.abs() + (1 + u) * 2.5 * budgets.U32 / u * pair
+
+
 @given(seed=seeds, layers=st.integers(1, 6), tokens=st.integers(1, 40), dim=st.sampled_from([64, 128, 512]))
 def test_grouped_rms_norm_row_l_is_normed_by_weight_row_l_in_fp32_rounded_once(engine, seed, layers, tokens, dim):
     ops = _ops(engine, "rms_norm_grouped")
@@ -85,22 +104,8 @@ def test_rotary_embedding_rotates_in_fp32_rounded_once(engine, seed, rows, neox,
     cache = rope_cache(spec, max_pos, torch.float32, torch.device(DEVICE))  # vLLM's cache is fp32
     out = ops.rotary(pos, x, cache, neox)
     # the oracle rotates by the fp32 cache's own cos/sin (the angle error is the cache's, not the op's)
-    c64 = cache.double()[pos]
-    cos, sin = c64[:, : r // 2], c64[:, r // 2:]
-    xs = up(x)[:, 0]
-    if neox:
-        a, b = xs[:, : r // 2], xs[:, r // 2:]
-        ref = torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
-    else:
-        a, b = xs[:, 0::2], xs[:, 1::2]
-        ref = torch.stack([a * cos - b * sin, b * cos + a * sin], -1).flatten(-2)
-    # a rotated element y = a cos - b sin in fp32: two products and a difference err by <= u32 (|a cos| +
-    # |b sin|) + u32 |y| <= 2.5 u32 |pair| (|cos|, |sin| <= 1, |a cos| + |b sin| <= sqrt(2) |pair|), then one
-    # bf16 rounding: |out - ref| <= u |ref| + (1 + u) 2.5 u32 |pair| = u * scale with the scale below
+    ref, scale = _rotated(up(x)[:, 0], cache.double()[pos], neox)
     u = budgets.unit_roundoff(LOW)
-    pair = torch.sqrt(a * a + b * b)
-    pair = torch.cat([pair, pair], -1) if neox else torch.stack([pair, pair], -1).flatten(-2)
-    scale = ref.abs() + (1 + u) * 2.5 * budgets.U32 / u * pair
     _elementwise(engine, "rotary_rounded_once", "ops.rotary_embedding", out[:, 0], ref, scale, u,
                  "|out-ref|<=u*(|ref|+(1+u)*2.5*u32/u*|pair|)", seed, 2,
                  f"{'neox' if neox else 'gptj'};R={r};max_pos={max_pos}")
@@ -277,3 +282,39 @@ def test_fp8_insert_with_a_zero_or_nonfinite_scale_refuses_or_poisons_visibly(en
     pytest.fail(f"layer {victim}'s scale {bad} was taken: {int((~nan).sum())} of {nan.numel()} bytes in its slots are "
                 f"not NaN (e.g. {sorted(set(written[~nan].flatten()[:64].tolist()))[:8]}), written without a refusal; "
                 f"{what}", pytrace=False)
+
+
+# partial rotary (a tail of each head passed through), query heads beside the key heads, and the out buffers:
+# the attention's call, where the context write rotates keys alone at the full rotary width
+@given(seed=seeds, tokens=st.integers(1, 12), q_heads=st.integers(0, 3), k_heads=st.integers(1, 2),
+       rotary=st.sampled_from([32, 64]), tail=st.sampled_from([0, 0, 8, 48, 64]), neox=st.booleans(),
+       into_out=st.booleans(), max_pos=st.sampled_from([8, 4096]))
+def test_rope_rotates_every_query_and_key_head_and_passes_the_tail_through(engine, seed, tokens, q_heads, k_heads,
+                                                                          rotary, tail, neox, into_out, max_pos):
+    """Each head's first R lanes are rotated at its token's position (fp32 math, one rounding: the rotary
+    property's bound), lanes R..D-1 are copied bit for bit; with out buffers the inputs stay unchanged."""
+    ops = _ops(engine, "rotary_qk")
+    g = geometry.preset("k3-dspark-plain-rope")
+    spec = dataclasses.replace(g.rope, rotary_dim=rotary, style="neox" if neox else "gptj")
+    d = rotary + tail
+    gen = torch.Generator().manual_seed(seed)
+    q = (torch.randn(tokens, q_heads * d, generator=gen) * 2).to(LOW).to(DEVICE)
+    k = (torch.randn(tokens, k_heads * d, generator=gen) * 2).to(LOW).to(DEVICE)
+    pos = torch.randint(0, max_pos, (tokens,), generator=gen).to(DEVICE)
+    cache = rope_cache(spec, max_pos, torch.float32, torch.device(DEVICE))
+    q_in, k_in = q.clone(), k.clone()
+    outs = (torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))) if into_out else (None, None)
+    got_q, got_k = ops.rotary_qk(pos, q, k, d, cache, neox, *outs)
+    if into_out:
+        assert_bitwise(q, q_in, "the query with q_out given (it must not be rotated in place)")
+        assert_bitwise(k, k_in, "the key with k_out given (it must not be rotated in place)")
+    for name, got, x, heads in (("query", got_q, q_in, q_heads), ("key", got_k, k_in, k_heads)):
+        if heads == 0:
+            continue
+        got, x = got.view(tokens, heads, d), x.view(tokens, heads, d)
+        assert_bitwise(got[..., rotary:], x[..., rotary:], f"the {name} heads' lanes {rotary}..{d - 1} (not rotated)")
+        ref, scale = _rotated(up(x[..., :rotary]), cache.double()[pos][:, None, :], neox)
+        u = budgets.unit_roundoff(LOW)
+        _elementwise(engine, "rope_qk_rounded_once", "apply_rope", got[..., :rotary], ref, scale, u,
+                     "|out-ref|<=u*(|ref|+(1+u)*2.5*u32/u*|pair|)", seed, 2,
+                     f"{name};heads={heads};R={rotary};D={d};{'neox' if neox else 'gptj'};out={into_out}")

@@ -99,3 +99,22 @@ def test_pp_stages_hand_the_draft_the_one_stage_taps_in_order(engine, plan: PPTa
                                     f"hands {len(one)} (tap layers {plan.taps})")
     for k, (got, want) in enumerate(zip(split, one)):
         assert_bitwise(got, want, f"tap {plan.taps[k]} (slot {k}) after {len(stages)} stages {stages}")
+
+
+@given(layers=st.integers(1, 93), block=st.integers(1, 12), stream=st.sampled_from(["prefix", "attn_res"]),
+       data=st.data())
+def test_exactly_the_consumers_of_captured_attn_res_taps_run_split(engine, layers: int, block: int, stream: str,
+                                                                  data) -> None:
+    """A tap of the AttnRes stream after layer c is the mixture layer c + 1's attention computes (its mixing
+    weights), so layer c + 1 must run its AttnRes split, not through a fused graph that hands out no mixture;
+    no other layer needs to, and the prefix stream needs none. The engine names the layers it splits
+    (extras["capture_split"]: TokenSpeed's per-layer fallback flag, which only steers CUDA's fused graph)."""
+    split_layers = engine.extras.get("capture_split")
+    if split_layers is None:
+        pytest.skip(f"engine {engine.name} {engine.version} declares no per-layer split for captured taps")
+    captured = sorted(data.draw(st.sets(st.integers(0, layers - 1), max_size=min(layers, 8)), label="captured"))
+    got = split_layers(layers, block, captured, stream)
+    want = [stream == "attn_res" and layer - 1 in captured for layer in range(layers)]
+    assert got == want, (f"captured layers {captured} ({stream}): the layers run split are "
+                         f"{[i for i, f in enumerate(got) if f]}, the consumers of the taps are "
+                         f"{[i for i, f in enumerate(want) if f]}")

@@ -48,7 +48,15 @@ def test_prefix_tap_is_produced_by_its_own_layer(engine, num_layers, data) -> No
     assert owner(layer, num_layers, "prefix") == layer
 
 
-def test_unknown_stream_is_refused(engine) -> None:
+STREAMS = ("prefix", "attn_res")
+# names beside the two streams on both sides of them in string order (a `>=` for an `==` on "prefix" passes
+# every name below it) and arbitrary text
+unknown_streams = st.one_of(st.sampled_from(["post_norm", "residual", "prefix_sum", "attn", "Prefix", "", "z"]),
+                            st.text(max_size=12)).filter(lambda s: s not in STREAMS)
+
+
+@given(stream=unknown_streams)
+def test_unknown_stream_is_refused(engine, stream: str) -> None:
     owner = _owner(engine)
     with pytest.raises(ValueError):
-        owner(3, 10, "post_norm")
+        owner(3, 10, stream)

@@ -10,7 +10,9 @@
 # Usage: scripts/device_session.sh OUT [PARTS]
 #   PARTS: comma-separated, any of ops,bench,race,k3,small,hunt,sanitize,golden,k3det,scale,stores,isolation,csrc,check,
 #   checkops,ts,oracle,profile,derand,nightly,known,ranks,tokens,ledger,release,race7,contract,around,tpgemm,stream,
-#   epilogue,markov,race4,models
+#   epilogue,markov,race4,models,extremes,mutate
+#   `mutate` runs `k3num mutate` on a seeded sample per engine (K3NUM_MUTATE_ENGINES, K3NUM_MUTATE_SAMPLE 40) on every
+#   core (cosmic-ray from the carried .whl/cosmic-ray wheelhouse): OUT/mutate.md, OUT/mutate-ENGINE.csv and .md.
 #   `models` builds vLLM's ops and runs, on cuda under ci, the tests of the entries whose bug model only a GPU
 #   shows (K3N-014: the compiled FP8 insert; K3N-008: SGLang's aggregation) and the write races' tests, each
 #   with its ledger reproducer: every failure must be known (the model explains it) or the run says new.
@@ -134,8 +136,8 @@ out=${1:?usage: scripts/device_session.sh OUT [PARTS]}
 parts=",${2:-bench,race,k3,small},"
 want() { [[ "$parts" == *",$1,"* ]]; }
 for p in ${parts//,/ }; do
-    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts|oracle|profile|derand|nightly|known|ranks|tokens|ledger|release|race7|contract|around|tpgemm|stream|epilogue|markov|race4|models|extremes) ;;
-        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts, oracle, profile, derand, nightly, known, ranks, tokens, ledger, release, race7, contract, around, tpgemm, stream, epilogue, markov, race4, models, extremes)"
+    case $p in ops|bench|race|k3|small|hunt|sanitize|golden|k3det|scale|stores|isolation|csrc|check|checkops|ts|oracle|profile|derand|nightly|known|ranks|tokens|ledger|release|race7|contract|around|tpgemm|stream|epilogue|markov|race4|models|extremes|mutate) ;;
+        *) echo "device_session: unknown part '$p' (ops, bench, race, k3, small, hunt, sanitize, golden, k3det, scale, stores, isolation, csrc, check, checkops, ts, oracle, profile, derand, nightly, known, ranks, tokens, ledger, release, race7, contract, around, tpgemm, stream, epilogue, markov, race4, models, extremes, mutate)"
            exit 2;; esac
 done
 mkdir -p "$out"
@@ -155,7 +157,7 @@ small_engines=${K3NUM_SMALL_ENGINES:-vllm vllm-rocm sglang tokenspeed}
 for e in vllm-0.34.0 vllm-0.33.0 sglang-0.5.23 tokenspeed-0.1.1; do
     [ -f "$K3NUM_ENGINE_CACHE/$e/MANIFEST.json" ] || { echo "missing $K3NUM_ENGINE_CACHE/$e (carry it)"; exit 2; }
 done
-extremes=0 models=0 race4=0 markov=0 epilogue=0 stream=0 tpgemm=0 around=0 contract=0 race7=0 release=0 ledger=0 tokens=0 ranks=0 known=0 bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0 nightly=0
+mutate=0 extremes=0 models=0 race4=0 markov=0 epilogue=0 stream=0 tpgemm=0 around=0 contract=0 race7=0 release=0 ledger=0 tokens=0 ranks=0 known=0 bench=0 race=0 k3=0 small=0 ops=0 hunt=0 sanitize=0 golden=0 k3det=0 scale=0 stores=0 isolation=0 csrc=0 check=0 checkops=0 ts=0 oracle=0 profile=0 derand=0 nightly=0
 if want tokens; then
     echo "== the draft step at K3 geometry, the token properties and k3num impact on cuda"
     timeout -s INT "${K3NUM_TOKENS_BENCH_TIMEOUT:-200}" python bench/draft_step_speed.py --geometry k3 \
@@ -399,6 +401,34 @@ if want race7; then
         tail -n 3 "$out/race7-accuracy-$i.log"
     done
     echo "race7: exit $race7 in $((SECONDS - t0)) s" | tee -a "$out/race7-explain.log"
+fi
+if want mutate; then
+    # mutants per minute on this box's cores (issue: scale) and a seeded sample's score per engine: cosmic-ray
+    # from the carried wheelhouse (.whl/cosmic-ray, made by `pip download` on a machine with network), k3num's
+    # operators registered by a dist-info on PYTHONPATH (the checkout is not installed here)
+    echo "== mutation samples on $(nproc) cores (engines: ${K3NUM_MUTATE_ENGINES:-tokenspeed vllm sglang})"
+    site=$(mktemp -d)
+    if ! python -c "import cosmic_ray" 2>/dev/null; then
+        pip install -q --no-index --find-links "$root/.whl/cosmic-ray" --target "$site" cosmic-ray==8.7.0 \
+            > "$out/mutate-install.log" 2>&1 || mutate=1
+    fi
+    mkdir -p "$site/k3num_operators-0.dist-info"
+    printf 'Metadata-Version: 2.1\nName: k3num-operators\nVersion: 0\n' > "$site/k3num_operators-0.dist-info/METADATA"
+    printf '[cosmic_ray.operator_providers]\nk3num = k3num.harness.mutation_operators:Provider\n' \
+        > "$site/k3num_operators-0.dist-info/entry_points.txt"
+    export PYTHONPATH="$site:$root${PYTHONPATH:+:$PYTHONPATH}"
+    work=$(mktemp -d)
+    for e in ${K3NUM_MUTATE_ENGINES:-tokenspeed vllm sglang}; do
+        t0=$SECONDS
+        timeout -s INT "${K3NUM_MUTATE_TIMEOUT:-170}" python -m k3num.harness.cli mutate --engine "$e" \
+            --sample "${K3NUM_MUTATE_SAMPLE:-40}" --seed "${K3NUM_MUTATE_SEED:-0}" --workers "$(nproc)" \
+            --out "$work/$e" > "$out/mutate-$e.log" 2>&1
+        rc=$?
+        [ "$rc" -le 1 ] || mutate=1
+        cp "$work/$e/mutants.csv" "$out/mutate-$e.csv" 2>/dev/null; cp "$work/$e/report.md" "$out/mutate-$e.md" 2>/dev/null
+        echo "mutate $e: exit $rc in $((SECONDS - t0)) s on $(nproc) workers" | tee -a "$out/mutate.md"
+        tail -n 3 "$out/mutate-$e.log" | cut -c1-300 | tee -a "$out/mutate.md"
+    done
 fi
 if want extremes; then
     echo "== the extremes on cuda: scores past exp's range, the tap's lifetime, batch composition (across vLLM's"
@@ -787,5 +817,5 @@ if [ -n "$k3_pid" ]; then wait "$k3_pid"; k3=$?; cat "$out/k3.log"; fi
 if [ -n "$small_pid" ]; then wait "$small_pid"; small=$?; cat "$out/small.log"; fi
 dirs=(); for d in k3 small; do [ -d "$out/$d" ] && dirs+=("$d"); done
 [ ${#dirs[@]} -gt 0 ] && tar czf "$out/properties.tgz" -C "$out" "${dirs[@]}"
-echo "device_session: extremes exit $extremes, models exit $models, race4 exit $race4, stream exit $stream, tpgemm exit $tpgemm, around exit $around, contract exit $contract, race7 exit $race7, release exit $release, ledger exit $ledger, tokens exit $tokens, ranks exit $ranks, known exit $known, nightly exit $nightly, oracle exit $oracle, profile exit $profile, derand exit $derand, ts exit $ts, checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
-[ "$extremes" -eq 0 ] && [ "$models" -eq 0 ] && [ "$race4" -eq 0 ] && [ "$markov" -eq 0 ] && [ "$epilogue" -eq 0 ] && [ "$stream" -eq 0 ] && [ "$tpgemm" -eq 0 ] && [ "$around" -eq 0 ] && [ "$contract" -eq 0 ] && [ "$race7" -eq 0 ] && [ "$release" -eq 0 ] && [ "$ledger" -eq 0 ] && [ "$tokens" -eq 0 ] && [ "$ranks" -eq 0 ] && [ "$known" -eq 0 ] && [ "$nightly" -eq 0 ] && [ "$oracle" -eq 0 ] && [ "$profile" -eq 0 ] && [ "$derand" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]
+echo "device_session: mutate exit $mutate, extremes exit $extremes, models exit $models, race4 exit $race4, stream exit $stream, tpgemm exit $tpgemm, around exit $around, contract exit $contract, race7 exit $race7, release exit $release, ledger exit $ledger, tokens exit $tokens, ranks exit $ranks, known exit $known, nightly exit $nightly, oracle exit $oracle, profile exit $profile, derand exit $derand, ts exit $ts, checkops exit $checkops, check exit $check, csrc exit $csrc, stores exit $stores, isolation exit $isolation, golden exit $golden, k3det exit $k3det, scale exit $scale, hunt exit $hunt, sanitize exit $sanitize, ops exit $ops, bench exit $bench, race reproducer exit $race, K3 properties exit $k3, small properties exit $small"
+[ "$mutate" -eq 0 ] && [ "$extremes" -eq 0 ] && [ "$models" -eq 0 ] && [ "$race4" -eq 0 ] && [ "$markov" -eq 0 ] && [ "$epilogue" -eq 0 ] && [ "$stream" -eq 0 ] && [ "$tpgemm" -eq 0 ] && [ "$around" -eq 0 ] && [ "$contract" -eq 0 ] && [ "$race7" -eq 0 ] && [ "$release" -eq 0 ] && [ "$ledger" -eq 0 ] && [ "$tokens" -eq 0 ] && [ "$ranks" -eq 0 ] && [ "$known" -eq 0 ] && [ "$nightly" -eq 0 ] && [ "$oracle" -eq 0 ] && [ "$profile" -eq 0 ] && [ "$derand" -eq 0 ] && [ "$ts" -eq 0 ] && [ "$checkops" -eq 0 ] && [ "$check" -eq 0 ] && [ "$csrc" -eq 0 ] && [ "$stores" -eq 0 ] && [ "$isolation" -eq 0 ] && [ "$golden" -eq 0 ] && [ "$k3det" -eq 0 ] && [ "$scale" -eq 0 ] && [ "$hunt" -eq 0 ] && [ "$sanitize" -eq 0 ] && [ "$ops" -eq 0 ] && [ "$bench" -eq 0 ] && [ "$race" -eq 0 ] && [ "$k3" -eq 0 ] && [ "$small" -eq 0 ]

@@ -165,7 +165,10 @@ def test_every_listed_equivalent_mutant_is_one_the_operators_still_make_on_a_pin
             if not path.exists():
                 continue
             code, spans = path.read_text(), mutate.function_spans(path)
+            lines = code.splitlines()
             for occurrence, line in enumerate(_positions(path, op)):
+                if lines[line - 1].strip() != row["before"]:  # a mutant elsewhere (mutating it is slow)
+                    continue
                 mutated = mutate_code(code, op(), occurrence)
                 if mutate.function_at(spans, line) == row["function"] and mutate.changed_lines(
                         "\n".join(_make_diff(code, mutated, row["file"]))) == (row["before"], row["after"]):
@@ -223,3 +226,70 @@ def test_mutate_on_a_head_mutates_only_its_changed_lines_and_lists_an_untested_b
     comment = _head_tree(tmp_path / "c", TAP, TAP.replace('"attn_res":', '"attn_res":  # the prefix stream'))
     r = _mutate("--engine", "tokenspeed", "--head", str(comment), "--out", str(tmp_path / "c" / "m"))  # every operator
     assert r.returncode == 0 and "only comments or whitespace changed" in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+PLANTED_ANNOTATIONS = '''from __future__ import annotations
+import dataclasses
+import triton
+
+
+def plain(x: int | None = None, *, eps: float = 1e-6) -> int | None:
+    y: int | None = x
+    return y
+
+
+@triton.jit
+def kernel(x, BLOCK: tl.constexpr | None):
+    pass
+
+
+@dataclasses.dataclass
+class Config:
+    width: int | None = None
+'''
+
+
+def test_only_annotations_python_never_evaluates_are_left_unmutated(tmp_path: Path) -> None:
+    """Under postponed annotations a plain function's parameter, return and local annotations are never
+    evaluated (a mutant there cannot be killed); a default value, a decorated function's annotations and a class
+    body's (read by triton.jit, a dataclass) are code and stay mutated. Without the future import only the
+    locals' are left out; a file that may evaluate its annotations (a custom op's schema) keeps its signatures."""
+    f = tmp_path / "planted.py"
+    f.write_text(PLANTED_ANNOTATIONS)
+    spans = mutate.unevaluated_annotations(f)
+    src = PLANTED_ANNOTATIONS.splitlines()
+
+    def left_out(line: int, text: str, last: bool = False) -> bool:
+        col = src[line - 1].rindex(text) if last else src[line - 1].index(text)
+        return mutate.inside(spans, (line, col), (line, col + len(text)))
+
+    assert left_out(6, "int | None") and left_out(6, "float") and left_out(6, "int | None", last=True)
+    assert left_out(7, "int | None"), "a local variable's annotation"
+    assert not left_out(6, "1e-6") and not left_out(6, "= None"), "a default value is code"
+    assert not left_out(12, "tl.constexpr | None"), "triton.jit reads a kernel's annotations"
+    assert not left_out(18, "int | None"), "a dataclass reads its fields' annotations"
+    eager = tmp_path / "eager.py"
+    eager.write_text(PLANTED_ANNOTATIONS.replace("from __future__ import annotations", "import math"))
+    assert mutate.unevaluated_annotations(eager) == [((7, 7), (7, 17))], "without the future import: locals only"
+    schema = tmp_path / "schema.py"
+    schema.write_text(PLANTED_ANNOTATIONS + "torch.library.custom_op('k3::plain')(plain)\n")
+    assert mutate.unevaluated_annotations(schema) == [((7, 7), (7, 17))], "a custom op's schema reads them"
+
+
+def test_a_survivor_listed_not_runnable_here_is_counted_apart_and_left_out_of_the_score(tmp_path: Path) -> None:
+    import pandas as pd
+
+    listed = mutate.equivalents()
+    row = listed[listed["kind"] == mutate.NOT_RUNNABLE].iloc[0]
+    diff = f"--- a/{row['file']}\n+++ b/{row['file']}\n@@ -1 +1 @@\n-    {row['before']}\n+    {row['after']}"
+    frame = pd.DataFrame([{"engine": row["engine"], "file": row["file"], "function": row["function"],
+                           "operator": row["operator"], "outcome": mutate.SURVIVED, "test": "", "diff": diff,
+                           "subject": "", "line": 1}])
+    marked = mutate.mark_equivalents(frame)
+    assert list(marked["outcome"]) == [mutate.NOT_RUNNABLE] and marked["test"][0] == row["reason"]
+    assert mutate.score(marked)[:2] == (0, 0)
+    assert "1 not runnable here" in mutate.report(marked, row["engine"], "0.1.1", "")
+    bad = tmp_path / "bad.csv"
+    listed.assign(kind="maybe").to_csv(bad, index=False)
+    with pytest.raises(ValueError, match="kind 'maybe'"):
+        mutate.equivalents(bad)

@@ -72,7 +72,8 @@ BOUND = {
     (tokenspeed_attn_res.MODEL_PY, "KimiLinearDecoderLayer.capture_attnres"): ("python", "2", "aux_capture,pp_taps"),
     (tokenspeed_attn_res.MODEL_PY, "KimiLinearModel._dspark_capture_stream"): ("python", "2", "aux_capture,pp_taps"),
     (tokenspeed_attn_res.MODEL_PY, "KimiLinearModel.forward"): ("python", "2", "pp_taps"),
-    (tokenspeed_attn_res.MODEL_PY, "KimiLinearModel._refresh_dflash_capture_fallback"): ("python", "2", "pp_taps"),
+    (tokenspeed_attn_res.MODEL_PY, "KimiLinearModel._refresh_dflash_capture_fallback"): ("python", "2",
+                                                                                    "pp_taps,capture_split"),
     (tokenspeed_attn_res.MODEL_PY, "KimiLinearForCausalLM.set_dflash_layers_to_capture"): ("python", "2", "pp_taps"),
     (tokenspeed_attn_res.MODEL_PY, "KimiLinearForCausalLM.set_dflash_aux_hidden_stream"): ("python", "2", "pp_taps"),
     (CONTEXT_PY, "DSparkContextProducer.begin_stage"): ("python", "2", "pp_taps"),
@@ -250,6 +251,7 @@ def build(src: fetch.Source, mode: str) -> base.Engine:
         # place: the tap's lifetime property calls it so (no pending MLP output)
         "aux_capture_takes_pending": False,
         "pp_taps": attn.pp_taps, "pp_taps_standins": tokenspeed_attn_res.STANDINS, "pp_taps_hidden": True,
+        "capture_split": attn.capture_split,
     }
     real = IMPORT_OPS if inst else STANDIN_OPS
     run_mode = "import" if inst else "source-lifted"
@@ -315,7 +317,7 @@ class _KeptRows:
 
 
 class _Ops:
-    """TokenSpeed's context-KV ops under properties/test_context_kv_ops.py's interface (rotary,
+    """TokenSpeed's context-KV ops under properties/test_context_kv_ops.py's interface (rotary, rotary_qk,
     insert_per_layer; it has no grouped norm nor grouped insert)."""
 
     def __init__(self, kern: Any) -> None:
@@ -325,6 +327,15 @@ class _Ops:
                is_neox: bool) -> torch.Tensor:
         """apply_k_rope on a copy (it rotates k in place), head_size = the rotary width, as apply_latent_rope."""
         return self.kern.apply_k_rope(positions, x.clone(), x.shape[-1], cos_sin_cache, is_neox=is_neox)
+
+    def rotary_qk(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_size: int,
+                  cos_sin_cache: torch.Tensor, is_neox: bool, q_out: torch.Tensor | None = None,
+                  k_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """apply_rope as the attention calls it: q [T, Hq * D], k [T, Hk * D], the first R = cos_sin_cache's
+        width lanes of each head rotated, the rest passed through; into q_out / k_out where given, else in
+        place. Returns (q, k) rotated."""
+        return self.kern.apply_rope(positions, q, k, head_size, cos_sin_cache, is_neox=is_neox, q_rope_out=q_out,
+                                    k_rope_out=k_out)
 
     def insert_per_layer(self, kv_c: torch.Tensor, k_pe: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor,
                          kv_cache_dtype: str = "auto", scale: torch.Tensor | None = None) -> None:

@@ -242,5 +242,25 @@ def bind(root: Path, torch_attn_res_fwd: Any, mutate: dict[str, Any] | None = No
             return taps
         return taps, {"hidden": out[0], "projected_context": written[-1]}
 
+    def capture_split(num_layers: int, block_size: int, captured: list[int], stream: str) -> list[bool]:
+        """Each layer's `_dflash_attnres_capture_fallback` (the layer declines the fused AttnRes graph and runs
+        split) after `set_dflash_layers_to_capture(captured)` (0-indexed completed layers) and
+        `set_dflash_aux_hidden_stream(stream)`, in either order's final state, on one stage holding every
+        layer. The flag only steers CUDA's fused graph, so no CPU output shows it: it is read directly."""
+        flags = []
+        one = torch.ones(num_layers, 1)  # no forward runs: any weights do
+        weights = types.SimpleNamespace(attn_res_norm=one, attn_res_proj=one, output_res_proj=one[0],
+                                        output_res_norm=one[0])
+        for order in (0, 1):
+            m = model(num_layers, block_size, 0, num_layers, weights, None, 1e-5, "prefix")
+            causal = types.SimpleNamespace(model=m, config=m.config)
+            steps = [lambda: set_layers(causal, list(captured)), lambda: set_stream(causal, stream)]
+            for step in (steps if order == 0 else steps[::-1]):
+                step()
+            flags.append([bool(layer._dflash_attnres_capture_fallback) for layer in m.layers])
+        if flags[0] != flags[1]:
+            raise AssertionError(f"the split layers depend on the setters' order: {flags[0]} then {flags[1]}")
+        return flags[0]
+
     return types.SimpleNamespace(attn_res=attn_res, aux_capture=aux_capture, pp_taps=pp_taps,
-                                 attn_res_fwd=attn_res_fwd)
+                                 attn_res_fwd=attn_res_fwd, capture_split=capture_split)

@@ -89,7 +89,8 @@ def cuda_rope(root: Path) -> tuple[Any, str]:
 
 
 class Kernels(types.SimpleNamespace):
-    """attn_res_fwd, apply_k_rope, rope_kernel (its name), set_mla_kv_buffer, segmented_rmsnorm, note."""
+    """attn_res_fwd, apply_k_rope, apply_rope, rope_kernel (its name), set_mla_kv_buffer, segmented_rmsnorm,
+    note."""
 
 
 def load(root: Path, interpret: bool, *, want_cuda_rope: bool = True) -> Kernels:
@@ -148,7 +149,7 @@ def load(root: Path, interpret: bool, *, want_cuda_rope: bool = True) -> Kernels
         return out
 
     rope_note = why or "real: CUDA rope.so (tvm_ffi) where its traits admit the call"
-    return Kernels(attn_res_fwd=attn_res_fwd, apply_k_rope=apply_k_rope, rope_chosen=chosen,
+    return Kernels(attn_res_fwd=attn_res_fwd, apply_k_rope=apply_k_rope, apply_rope=apply_rope, rope_chosen=chosen,
                    rope_cuda_loaded=rope_cuda is not None, set_mla_kv_buffer=kv.set_mla_kv_buffer_triton,
                    segmented_rmsnorm=segmented_interpreted if interpret else seg.segmented_rmsnorm,
                    note=f"{ADAPTATIONS}; {rope_note}")

@@ -43,6 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("yes",)  # the census's runs_here values that mean the real code runs on this machine
 KILLED, SURVIVED, TIMED_OUT, INCOMPETENT = "killed", "survived", "timed out", "incompetent"
+NOT_JUDGED = "not judged here"  # every property of the mutant's file skips on this machine (no checkpoint, ...)
 # the 95% interval's normal quantile (about 1.96), and the least timeout of a mutant's run (a minute), written
 # from literals already in the package: a new number in a non-test module would join hypothesis's literal pool
 # and move every derandomized draw (harness/literal_pool.py)
@@ -333,17 +334,27 @@ def execute(out: Path, engine: str, release: str, chosen: list[Target], workers:
         p = subprocess.run(_pytest(engine, tree, t.properties, profile), cwd=ROOT, capture_output=True, text=True)
         return (time.monotonic() - t0, *judge_run(p.returncode, p.stdout + p.stderr, engine))
 
-    base = {}
+    base, unjudged = {}, {}
     todo = [t for t in chosen if t.file in wanted]  # the unmutated runs, side by side: each sets its timeout
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         runs = {t.file: pool.submit(baseline, t, trees[i % workers]) for i, t in enumerate(todo)}
         for t in todo:
             base[t.file], outcome, test = runs[t.file].result()
+            if outcome == INCOMPETENT and "ran no test" in test:  # every property skips here (a checkpoint...)
+                unjudged[t.file] = test
+                log(f"[mutate] {t.file}: no property of it runs here, its mutants are not judged ({test})")
+                continue
             if outcome != SURVIVED:
                 raise MutateError(f"{engine} {release} {t.file}: the unmutated tree does not pass its own "
                                   f"properties ({outcome}: {test or 'no test ran'})")
             log(f"[mutate] {t.file}: unmutated run {base[t.file]:.0f} s ({len(t.properties)} properties)")
     with use_db(str(out / "session.sqlite"), WorkDB.Mode.open) as db:
+        for item in list(db.pending_work_items):
+            rel = str(Path(item.mutations[0].module_path).relative_to(ref))
+            if rel in unjudged:
+                r = {"outcome": NOT_JUDGED, "test": unjudged[rel], "seconds": 0.0, "diff": ""}
+                db.set_result(item.job_id, WorkResult(worker_outcome=WorkerOutcome.NORMAL, output=json.dumps(r),
+                                                      test_outcome=TestOutcome.INCOMPETENT))
         pending = list(db.pending_work_items)
         total, done, t_start = len(pending), 0, time.monotonic()
         log(f"[mutate] {total} mutants to run on {workers} worker(s)")
@@ -453,7 +464,7 @@ def mark_equivalents(frame, listed=None):
 def score(frame) -> tuple[int, int, float, float, float]:
     """(killed incl. timed out, competent and not equivalent, score, and its 95% Wilson interval) of a frame of
     mutants."""
-    competent = frame[~frame["outcome"].isin([INCOMPETENT, *KINDS])]
+    competent = frame[~frame["outcome"].isin([INCOMPETENT, NOT_JUDGED, *KINDS])]
     n, k = len(competent), int(competent["outcome"].isin([KILLED, TIMED_OUT]).sum())
     if n == 0:
         return k, n, math.nan, math.nan, math.nan
@@ -472,13 +483,19 @@ def report(frame, engine: str, release: str, sample: str) -> str:
              f"{int((frame['outcome'] == EQUIVALENT).sum())} equivalent and "
              f"{int((frame['outcome'] == NOT_RUNNABLE).sum())} not runnable here (listed, with why: "
              f"{EQUIVALENTS.name}), "
-             f"{int((frame['outcome'] == TIMED_OUT).sum())} timed out (counted killed).", ""]
+             f"{int((frame['outcome'] == TIMED_OUT).sum())} timed out (counted killed), "
+             f"{int((frame['outcome'] == NOT_JUDGED).sum())} not judged here (no property of their file runs "
+             "here: listed below).", ""]
     for key in ("file", "function", "subject", "operator"):
         lines += [f"## By {key}", "", f"| {key} | killed | competent | score |", "|---|---|---|---|"]
         for name, group in frame.groupby(key, sort=True):
             gk, gn, gp, _, _ = score(group)
             lines.append(f"| {name or '(none)'} | {gk} | {gn} | {gp:.0%} |" if gn else f"| {name} | 0 | 0 | - |")
         lines.append("")
+    unjudged = frame[frame["outcome"] == NOT_JUDGED].groupby("file")["test"].agg(["first", "size"])
+    if len(unjudged):
+        lines += ["## Not judged here", "", "| file | mutants | why |", "|---|---|---|"]
+        lines += [f"| {f} | {r['size']} | {r['first']} |" for f, r in unjudged.iterrows()] + [""]
     survivors = frame[frame["outcome"] == SURVIVED]
     lines += [f"## Survivors ({len(survivors)}): each a defect of the suite, or equivalent (then listed in "
               f"harness/{EQUIVALENTS.name} with why)", ""]

@@ -246,3 +246,61 @@ def test_k3_fused_markov_steps_hold_all_three_at_k3s_vocabulary_and_rank(engine,
     ops.fused(b)
     _check_cache(b, before, tokens_before)
     _check_tokens(ops, b)
+
+
+POISONS = ("nan_one", "nan_all", "neg_inf_all", "pos_inf_one")
+
+
+# two runs of the fused steps per example: the vocabulary drawn to 300 (two programs) keeps it within the others' time
+@given(**{k: v for k, v in cases.items() if k not in ("rows", "vocab")}, rows=st.integers(2, 5),
+       vocab=st.integers(1, 300), data=st.data())
+def test_fused_markov_non_finite_rows_draw_in_range_tokens_and_leave_the_finite_rows_as_they_were(
+        engine, seed, rows, steps, vocab, rank, temps, fp64, noise, mapped, padded, ties, data):
+    """The non-finite contract (ROCm/ATOM#2160: NaN logits rows made a fused argmax return an out-of-range id;
+    sglang#32277: all -inf rows wrote a sentinel as a token id). Some rows' base logits at one step hold a NaN,
+    are NaN or -inf throughout, or hold a +inf, among finite rows. Every draft token is in [0, V) (never an
+    index past the vocabulary nor a sentinel); each finite row's tokens and cached logits are bit for bit those of
+    the same batch with every row finite; a poisoned row's cache holds NaN exactly where its base does and the
+    base's infinities where it has them (the bias is finite), and nothing past its own rows is written."""
+    ops = _steps(engine)
+    clean = _batch(seed, rows, steps, vocab, rank, temps, fp64, noise, mapped, padded, ties, False)
+    poisoned = data.draw(st.sets(st.integers(0, rows - 1), min_size=1, max_size=rows - 1), label="poisoned rows")
+    b = _clone(clean)
+    base = b.base.clone()
+    for r in sorted(poisoned):
+        kind = data.draw(st.sampled_from(POISONS), label=f"row {r}")
+        s = data.draw(st.integers(0, steps - 1), label=f"row {r} step")
+        v = data.draw(st.integers(0, vocab - 1), label=f"row {r} token")
+        if kind == "nan_one":
+            base[r, s, v] = float("nan")
+        elif kind == "nan_all":
+            base[r, s] = float("nan")
+        elif kind == "neg_inf_all":
+            base[r, s] = float("-inf")
+        else:
+            base[r, s, v] = float("inf")
+    b.base = base
+    before, tokens_before = b.cache.clone(), b.tokens.clone()
+    ops.fused(clean)
+    ops.fused(b)
+    tokens = b.tokens[:rows]
+    assert bool(((tokens >= 0) & (tokens < vocab)).all()), (
+        f"draft tokens outside [0, {vocab}) with non-finite rows {sorted(poisoned)}: {tokens.tolist()}")
+    assert_bitwise(b.tokens[rows:], tokens_before[rows:], "the draft tokens of the slots past the batch's rows")
+    crow = _cache_rows(b)
+    finite = [r for r in range(rows) if r not in poisoned]
+    assert_bitwise(b.tokens[finite], clean.tokens[finite], f"the finite rows' {finite} tokens beside non-finite rows")
+    written = {int(crow[r]) for r in range(rows) if int(crow[r]) >= 0}
+    for r in range(rows):
+        c = int(crow[r])
+        if c < 0:
+            continue
+        if r in poisoned:
+            got, want = b.cache[c, :, :vocab], base[r]
+            assert_bitwise(torch.isnan(got), torch.isnan(want), f"row {r}'s NaN logits in the cache (where the base's)")
+            inf = torch.isinf(want)
+            assert_bitwise(got[inf], want[inf].to(got.dtype), f"row {r}'s infinite logits in the cache")
+        else:
+            assert_bitwise(b.cache[c], clean.cache[c], f"finite row {r}'s cached logits beside non-finite rows")
+    others = [c for c in range(b.cache.shape[0]) if c not in written]
+    assert_bitwise(b.cache[others], before[others], "the cache rows no batch row maps to")

@@ -246,6 +246,16 @@ def _mix_without_prefix(prefix, bank, nvb, norm, proj, eps):
     return torch.einsum("ts,tsh->th", torch.softmax(logits, -1), src).to(prefix.dtype)
 
 
+def _mix_with_a_batch_wide_max(prefix, bank, nvb, norm, proj, eps):
+    """The read-only mixture with its softmax's maximum taken over the whole batch (one tile of every row)
+    instead of each row's: exact in exact arithmetic and within budget on finite rows of moderate scores, but a
+    NaN or an infinity in one row reaches the maximum, and through it every other row."""
+    src = torch.cat([bank[:, :nvb].float(), prefix.float().unsqueeze(1)], dim=1)
+    logits = (src @ (norm.float() * proj.float())) * torch.rsqrt(src.square().mean(-1) + eps)
+    e = (logits - logits.max()).exp()
+    return torch.einsum("ts,tsh->th", e / e.sum(-1, keepdim=True), src).to(prefix.dtype)
+
+
 def _mirror_kernel_with(*, softmax: Callable | None = None, to_storage: Callable | None = None) -> Callable:
     """The mirror's attn_res in float32 with its softmax (logits [T, S] -> weights) or its output conversion
     (float32 [T, H], the prefix -> storage) replaced: one realistic slip each."""
@@ -275,6 +285,12 @@ def _exp_without_max(logits: torch.Tensor) -> torch.Tensor:
     return e / e.sum(-1, keepdim=True)
 
 
+def _softmax_with_a_batch_wide_max(logits: torch.Tensor) -> torch.Tensor:
+    """A softmax whose maximum is the whole batch's (logits [T, S]): one non-finite row reaches every row."""
+    e = (logits - logits.max()).exp()
+    return e / e.sum(-1, keepdim=True)
+
+
 def _truncated_when_batched(mixed: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
     """The batched path (more than one row: another kernel, as engines pick one by the row count) converts to bf16
     by truncation, the single-row path to nearest: within a bf16 ulp either way, and a row alone differs from the
@@ -297,6 +313,7 @@ def _capture_into_a_reused_workspace(layer_idx, prefix_sum, pending, bank, **kw)
 
 MUTANTS: dict[str, dict[str, base.Subject]] = {
     "softmax_without_max_subtraction": {base.ATTN_RES: _mirror_kernel_with(softmax=_exp_without_max)},
+    "attn_res_max_over_the_batch": {base.ATTN_RES: _mirror_kernel_with(softmax=_softmax_with_a_batch_wide_max)},
     "tap_in_a_reused_workspace": {base.AUX_CAPTURE: _capture_into_a_reused_workspace},
     "batched_path_truncates": {base.ATTN_RES: _mirror_kernel_with(to_storage=_truncated_when_batched)},
     "draft_k_norm_across_heads": {base.DRAFT_CONTEXT_KV: _draft_kv_norm_across_heads},
@@ -309,6 +326,9 @@ MUTANTS: dict[str, dict[str, base.Subject]] = {
     "slot_block_and_offset_swapped": {base.CONTEXT_KV_FUSED: _fused_cache_with(swap_block_offset=True)},
     "empty_stage_sends_garbage": {base.STAGE_PARTIAL: _stage_partial_empty_garbage},
     "unsharded_taps_concatenated_token_major": {base.PROJECT_UNSHARDED: _unsharded_token_major_concat},
+    "mixture_max_over_the_batch": {base.ATTN_RES_MIX: _mix_with_a_batch_wide_max,
+                                   base.ATTN_RES_MIX_TRITON: _mix_with_a_batch_wide_max,
+                                   base.ATTN_RES_MIX_EAGER: _mix_with_a_batch_wide_max},
     "mixture_without_the_prefix_source": {base.ATTN_RES_MIX: _mix_without_prefix,
                                           base.ATTN_RES_MIX_TRITON: _mix_without_prefix,
                                           base.ATTN_RES_MIX_EAGER: _mix_without_prefix},
@@ -596,6 +616,15 @@ class _BrokenMarkov(m_markov.MarkovSteps):
                                             torch.where(slot >= 0, b.seeds[s], 0 * b.seeds[s]), step,
                                             b.sample_pos[:, step] - 1 + m_markov.SALT, b.use_fp64)
                 tok = keys.shape[-1] - 1 - m_markov.first_argmax(keys.flip(-1))
+            elif bug == "markov_nan_row_out_of_range":  # a NaN row matches no maximum: its token is V, past the end
+                slot = b.idx_map[:, step].to(torch.int64)
+                s = slot.clamp(min=0)
+                keys = m_markov.gumbel_keys(logits, torch.where(slot >= 0, b.temperature[s], 0 * b.temperature[s]),
+                                            torch.where(slot >= 0, b.seeds[s], 0 * b.seeds[s]), step,
+                                            b.sample_pos[:, step] - 1 + m_markov.SALT, b.use_fp64)
+                best = keys.max(-1, keepdim=True).values
+                idx = torch.arange(keys.shape[-1], device=keys.device).expand_as(keys)
+                tok = torch.where(keys == best, idx, keys.shape[-1]).min(-1).values
             else:
                 tok = self.sample(logits, b, step)
             b.tokens[: b.rows, step] = tok
@@ -604,7 +633,7 @@ class _BrokenMarkov(m_markov.MarkovSteps):
 
 MARKOV_MUTANTS = ("markov_prev_is_anchor", "markov_bias_unrounded", "markov_cache_after_temperature",
                   "markov_padded_row_written", "markov_vocab_tail_written", "markov_noise_without_step",
-                  "markov_last_max_kept")
+                  "markov_last_max_kept", "markov_nan_row_out_of_range")
 
 # --- the hunt's families (oracles/hunt.py): state kept between calls, rows left unwritten, reads past
 # the rows a call may read, taps lost between PP stages

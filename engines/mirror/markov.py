@@ -98,10 +98,12 @@ def gumbel_keys(logits: torch.Tensor, temperature: torch.Tensor, seed: torch.Ten
 
 
 def first_argmax(keys: torch.Tensor) -> torch.Tensor:
-    """[R] the first index of each row's maximum (torch.argmax's tie rule, stated rather than assumed)."""
-    best = keys.max(-1, keepdim=True).values
+    """[R] the first index of each row's maximum (torch.argmax's rules, stated rather than assumed: of equal
+    maxima the first; a NaN is the maximum, so a row with one yields its first NaN's index, always in range)."""
+    best = keys.max(-1, keepdim=True).values  # NaN where the row has one
     idx = torch.arange(keys.shape[-1], device=keys.device).expand_as(keys)
-    return torch.where(keys == best, idx, keys.shape[-1]).min(-1).values
+    hit = (keys == best) | (torch.isnan(keys) & torch.isnan(best))
+    return torch.where(hit, idx, keys.shape[-1]).min(-1).values
 
 
 def bias(w1: torch.Tensor, w2: torch.Tensor, prev: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -197,24 +197,23 @@ EVALUATES_ANNOTATIONS = ("get_type_hints", "custom_op", "infer_schema", "registe
 
 
 def unevaluated_annotations(path: Path) -> list[tuple[tuple[int, int], tuple[int, int]]]:
-    """((line, col), (end line, end col)) of every annotation Python never evaluates: a function's parameters and
-    return in a file with `from __future__ import annotations`, and local variables' anywhere (a mutant there
-    changes no behaviour: it cannot be killed, so it is not a mutant of the code). Kept: a class body's (a
+    """((line, col), (end line, end col)) of every annotation no behaviour reads: a plain function's parameters
+    and return, and local variables'. In a file with `from __future__ import annotations` Python never evaluates
+    them; without it it evaluates a signature's once, when the engine's module is imported, where a mutant's
+    `X // None` raises TypeError: that mutant does not import (incompetent), and the adapters' lifted code
+    compiles with postponed annotations, so neither way can a property see one. Kept as code: a class body's (a
     dataclass or pydantic model reads them), a decorated function's (triton.jit reads `tl.constexpr`, a
-    registry may read the rest) and every signature of a file that may evaluate them (EVALUATES_ANNOTATIONS: a
+    registry may read the rest) and every signature of a file that may read them (EVALUATES_ANNOTATIONS: a
     custom op's schema is inferred from them)."""
     import ast
 
     text = path.read_text()
-    tree = ast.parse(text)
-    postponed = any(isinstance(n, ast.ImportFrom) and n.module == "__future__" and
-                    any(a.name == "annotations" for a in n.names) for n in tree.body) and not any(
-        w in text for w in EVALUATES_ANNOTATIONS)
+    signatures = not any(w in text for w in EVALUATES_ANNOTATIONS)
     found: list[ast.expr] = []
 
     def walk(node, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) and postponed and not child.decorator_list:
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) and signatures and not child.decorator_list:
                 args = child.args
                 found.extend(a.annotation for a in (*args.posonlyargs, *args.args, *args.kwonlyargs,
                                                     args.vararg, args.kwarg) if a is not None and a.annotation)
@@ -223,7 +222,7 @@ def unevaluated_annotations(path: Path) -> list[tuple[tuple[int, int], tuple[int
                 found.append(child.annotation)
             walk(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
 
-    walk(tree, False)
+    walk(ast.parse(text), False)
     return [((a.lineno, a.col_offset), (a.end_lineno, a.end_col_offset)) for a in found]
 
 
@@ -293,7 +292,7 @@ def _init(db_path: Path, tree: Path, chosen: list[Target], ops: list[str], sampl
             why = ("outside the bound functions"
                    if function_at(spans[str(spec.module_path)], spec.start_pos[0]) not in t.functions else
                    "operator not chosen" if spec.operator_name not in ops else
-                   "in an annotation Python never evaluates" if inside(unevaluated[str(spec.module_path)],
+                   "in an annotation no behaviour reads" if inside(unevaluated[str(spec.module_path)],
                                                                        spec.start_pos, spec.end_pos) else
                    "a line the head did not change" if lines is not None and not (
                        set(range(spec.start_pos[0], spec.end_pos[0] + 1)) & lines.get(t.file, set())) else "")

@@ -51,6 +51,14 @@ def _positions(path: Path, op) -> list[int]:
     return [start[0] for node in ast_nodes(get_ast_from_path(path)) for start, _ in op().mutation_positions(node)]
 
 
+def _spans(path: Path, op) -> list[tuple[int, int]]:
+    """(first line, last line) of each of the operator's mutation positions in the file, in occurrence order."""
+    from cosmic_ray.ast import ast_nodes, get_ast_from_path
+
+    return [(start[0], end[0]) for node in ast_nodes(get_ast_from_path(path))
+            for start, end in op().mutation_positions(node)]
+
+
 def test_the_operators_reach_the_two_misses_in_the_engines_files() -> None:
     """The dropped max subtraction of SGLang's _combine_kernel and the dropped copy of TokenSpeed's prefix-stream
     tap (two fresh bugs that had passed whole suites) are each a mutant of the operators, at the line."""
@@ -168,8 +176,8 @@ def test_every_listed_equivalent_mutant_is_one_the_operators_still_make_on_a_pin
                 continue
             code, spans = path.read_text(), mutate.function_spans(path)
             lines = code.splitlines()
-            for occurrence, line in enumerate(_positions(path, op)):
-                if lines[line - 1].strip() != row["before"]:  # a mutant elsewhere (mutating it is slow)
+            for occurrence, (line, end) in enumerate(_spans(path, op)):
+                if row["before"] not in (x.strip() for x in lines[line - 1:end]):  # elsewhere (mutating is slow)
                     continue
                 mutated = mutate_code(code, op(), occurrence)
                 if mutate.function_at(spans, line) == row["function"] and mutate.changed_lines(
@@ -251,11 +259,12 @@ class Config:
 '''
 
 
-def test_only_annotations_python_never_evaluates_are_left_unmutated(tmp_path: Path) -> None:
-    """Under postponed annotations a plain function's parameter, return and local annotations are never
-    evaluated (a mutant there cannot be killed); a default value, a decorated function's annotations and a class
-    body's (read by triton.jit, a dataclass) are code and stay mutated. Without the future import only the
-    locals' are left out; a file that may evaluate its annotations (a custom op's schema) keeps its signatures."""
+def test_only_annotations_no_behaviour_reads_are_left_unmutated(tmp_path: Path) -> None:
+    """A plain function's parameter, return and local annotations are read by nothing (never evaluated under
+    postponed annotations; without them, evaluated once at the engine module's import, where a mutant cannot
+    import); a default value, a decorated function's annotations and a class body's (read by triton.jit, a
+    dataclass) are code and stay mutated; a file that may evaluate its annotations (a custom op's schema)
+    keeps its signatures."""
     f = tmp_path / "planted.py"
     f.write_text(PLANTED_ANNOTATIONS)
     spans = mutate.unevaluated_annotations(f)
@@ -272,7 +281,7 @@ def test_only_annotations_python_never_evaluates_are_left_unmutated(tmp_path: Pa
     assert not left_out(18, "int | None"), "a dataclass reads its fields' annotations"
     eager = tmp_path / "eager.py"
     eager.write_text(PLANTED_ANNOTATIONS.replace("from __future__ import annotations", "import math"))
-    assert mutate.unevaluated_annotations(eager) == [((7, 7), (7, 17))], "without the future import: locals only"
+    assert mutate.unevaluated_annotations(eager) == spans, "without the future import: evaluated at import only"
     schema = tmp_path / "schema.py"
     schema.write_text(PLANTED_ANNOTATIONS + "torch.library.custom_op('k3::plain')(plain)\n")
     assert mutate.unevaluated_annotations(schema) == [((7, 7), (7, 17))], "a custom op's schema reads them"

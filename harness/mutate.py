@@ -504,7 +504,8 @@ def report(frame, engine: str, release: str, sample: str) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Exit 0 every mutant killed (or nothing to mutate), 1 a survivor, 2 bad input (nothing written)."""
+    """Exit 0 every mutant killed (or nothing to mutate), 1 a survivor, 2 bad input (nothing written); with
+    --gate, 0 or 1 is the gate's verdict on the score instead."""
     from k3num.engines import registry
     from k3num.supply import fetch
 
@@ -527,6 +528,11 @@ def main(args: argparse.Namespace) -> int:
             release = args.release or fetch.PINS[pin].version
         if release not in pins:
             raise MutateError(f"--release {release}: not pinned for {args.engine}; pinned: {', '.join(pins)}")
+        gate = getattr(args, "gate", None)
+        if gate is not None and recorded(Path(gate), gate_key(args.engine, release, args.sample, args.seed,
+                                                              args.profile)) is None:
+            raise MutateError(f"--gate {gate}: no recorded score for {args.engine} {release} sample {args.sample} "
+                              f"seed {args.seed} profile {args.profile} (record one with --record)")
         if args.sample is not None and args.sample < 1:
             raise MutateError(f"--sample {args.sample}: must be a positive count of mutants")
         if args.workers < 1:
@@ -604,7 +610,59 @@ def main(args: argparse.Namespace) -> int:
     for _, r in frame[frame["outcome"] == SURVIVED].iterrows():
         print(f"[mutate] survived: {r['file']}:{r['line']} {r['function']} ({r['operator']}): "
               f"{' -> '.join(changed_lines(r['diff']))}")
+    key = gate_key(args.engine, release, args.sample, args.seed, args.profile)
+    if getattr(args, "record", None):
+        record(Path(args.record), key, k, n, p, lo, hi)
+        print(f"[mutate] recorded {k}/{n} ({p:.1%}, 95% {lo:.1%}-{hi:.1%}) in {args.record}")
+    if getattr(args, "gate", None):
+        ok, said = gate_verdict(recorded(Path(args.gate), key), p)
+        print(f"[mutate] gate: {said}")
+        return 0 if ok else 1
     return 1 if (frame["outcome"] == SURVIVED).any() else 0
+
+
+GATE_KEY = ("engine", "release", "sample", "seed", "profile")
+
+
+def gate_key(engine: str, release: str, sample: int | None, seed: int, profile: str) -> dict[str, str]:
+    return dict(zip(GATE_KEY, (engine, release, str(sample or "all"), str(seed), profile)))
+
+
+def recorded(path: Path, key: dict[str, str]) -> dict[str, str] | None:
+    """The recorded score's row for `key` in the gate file (None: no such row, or no file)."""
+    import csv
+
+    if not path.is_file():
+        return None
+    with path.open(newline="") as f:
+        return next((r for r in csv.DictReader(f) if all(r.get(c) == v for c, v in key.items())), None)
+
+
+def record(path: Path, key: dict[str, str], killed: int, competent: int, p: float, lo: float, hi: float) -> None:
+    """Write the score as `key`'s row of the gate file (replacing an older one)."""
+    import csv
+
+    cols = [*GATE_KEY, "killed", "competent", "score", "lo", "hi", "recorded"]
+    rows = []
+    if path.is_file():
+        with path.open(newline="") as f:
+            rows = [r for r in csv.DictReader(f) if not all(r.get(c) == v for c, v in key.items())]
+    rows.append({**key, "killed": killed, "competent": competent, "score": f"{p:.4f}", "lo": f"{lo:.4f}",
+                 "hi": f"{hi:.4f}", "recorded": time.strftime("%Y-%m-%d")})
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def gate_verdict(row: dict[str, str], p: float) -> tuple[bool, str]:
+    """(pass, what to say): the score passes unless it falls below the recorded score by more than the recorded
+    interval's lower half (below its `lo`); NaN (nothing competent) fails."""
+    lo = float(row["lo"])
+    said = f"score {p:.1%} against the recorded {float(row['score']):.1%} (95% from {lo:.1%}, {row['recorded']})"
+    if not p >= lo:
+        return False, f"{said}: BELOW the recorded interval, the suite lost power"
+    return True, f"{said}: within"
 
 
 def add_parser(sub) -> None:
@@ -627,4 +685,9 @@ def add_parser(sub) -> None:
     m.add_argument("--profile", default="ci", help="the hypothesis profile the properties run under")
     m.add_argument("--out", required=True, help="the session folder: session.sqlite, mutants.csv, report.md")
     m.add_argument("--fresh", action="store_true", help="start the session in OUT over")
+    m.add_argument("--gate", default=None, metavar="CSV",
+                   help="fail (exit 1) when the score falls below the recorded one's 95%% interval for the same "
+                        "engine, release, sample, seed and profile (harness/mutation_gate.csv is CI's)")
+    m.add_argument("--record", default=None, metavar="CSV",
+                   help="write this run's score into CSV as the one --gate compares with (its row replaced)")
     m.set_defaults(func=main)

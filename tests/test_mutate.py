@@ -117,6 +117,7 @@ def _mutate(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     (["--engine", "sglang", "--function", "nope"], "--function nope: not a bound function"),
     (["--engine", "sglang", "--operators", "k3num/Nope"], "--operators k3num/Nope: no such operator"),
     (["--engine", "sglang", "--sample", "0"], "--sample 0: must be a positive count"),
+    (["--engine", "sglang", "--sample", "3", "--gate", "harness/mutation_gate.csv"], "no recorded score for sglang"),
 ])
 def test_bad_input_to_mutate_exits_2_naming_it_and_writes_nothing(tmp_path: Path, args, said) -> None:
     if fetch.missing_files("sglang"):
@@ -304,3 +305,20 @@ def test_a_survivor_listed_not_runnable_here_is_counted_apart_and_left_out_of_th
     listed.assign(kind="maybe").to_csv(bad, index=False)
     with pytest.raises(ValueError, match="kind 'maybe'"):
         mutate.equivalents(bad)
+
+
+def test_the_gate_fails_a_score_below_the_recorded_interval_and_passes_one_within(tmp_path: Path) -> None:
+    """--record writes the score as its key's row (replacing an older one); --gate's verdict passes a score at or
+    above the recorded interval's lower end and fails one below it, or a NaN (nothing competent)."""
+    gate = tmp_path / "gate.csv"
+    key = mutate.gate_key("tokenspeed", "0.1.1", 16, 0, "ci")
+    mutate.record(gate, key, 9, 16, 9 / 16, 0.33, 0.77)
+    mutate.record(gate, key, 12, 16, 0.75, 0.51, 0.90)  # replaces the row of the same key
+    mutate.record(gate, mutate.gate_key("sglang", "0.5.23", 16, 0, "ci"), 1, 2, 0.5, 0.1, 0.9)
+    row = mutate.recorded(gate, key)
+    assert row["killed"] == "12" and row["lo"] == "0.5100" and len(gate.read_text().splitlines()) == 3
+    assert mutate.recorded(gate, mutate.gate_key("tokenspeed", "0.1.1", 16, 1, "ci")) is None
+    assert mutate.gate_verdict(row, 0.75)[0] and mutate.gate_verdict(row, 0.51)[0]
+    ok, said = mutate.gate_verdict(row, 0.50)
+    assert not ok and "BELOW" in said
+    assert not mutate.gate_verdict(row, math.nan)[0]

@@ -359,6 +359,13 @@ def tap_owner_prefix_by_name_prefix(text: str, path: str) -> str:
                        'aux_hidden_stream == "prefix"', 'aux_hidden_stream.startswith("prefix")')
 
 
+def tap_owner_final_one_past_the_last(text: str, path: str) -> str:
+    """Planted bug (an off-by-one): `_context_tap_owner_layer` gives the final AttnRes tap to layer
+    `target_num_layers` (one past the last) instead of the last layer, whose stage holds the output pair."""
+    return _replace_in(text, path, "_context_tap_owner_layer", r"return min\(layer_id \+ 1, target_num_layers - 1\)",
+                       "target_num_layers - 1)", "target_num_layers)")
+
+
 def score_norm_by_padded_width(text: str, path: str) -> str:
     """Planted bug (a masked-lane slip, issue 37/38): ROCm's _attn_res_kernel divides each source's sum of
     squares by the padded block width BLOCK_D instead of hidden_size, so every hidden size that is not a power of
@@ -516,6 +523,9 @@ TREE_MUTANTS: tuple[Fix, ...] = (
         ("properties/test_pp_taps.py::test_exactly_the_consumers_of_captured_attn_res_taps_run_split",)),
     Fix("tap-owner-prefix-by-name-prefix", "tokenspeed", ((TOKENSPEED_MODEL, tap_owner_prefix_by_name_prefix),),
         ("tokenspeed",), ("properties/test_tap_owner.py::test_unknown_stream_is_refused",)),
+    Fix("tap-owner-final-one-past-the-last", "tokenspeed", ((TOKENSPEED_MODEL, tap_owner_final_one_past_the_last),),
+        ("tokenspeed",), ("properties/test_tap_owner.py::"
+                          "test_attn_res_tap_is_produced_by_the_stage_holding_its_mixing_weights",)),
 )
 
 

@@ -322,3 +322,19 @@ def test_the_gate_fails_a_score_below_the_recorded_interval_and_passes_one_withi
     ok, said = mutate.gate_verdict(row, 0.50)
     assert not ok and "BELOW" in said
     assert not mutate.gate_verdict(row, math.nan)[0]
+
+
+def test_ci_sample_holds_the_recorded_score(tmp_path: Path) -> None:
+    """CI's mutation gate: TokenSpeed's seeded sample of 12 (seed 0, `ci`: derandomized, the same mutants get the
+    same verdicts) must not fall below the score recorded in harness/mutation_gate.csv by more than its 95%
+    interval (docs/mutation.md), and every survivor must be one the reviewed list names. About 5 minutes on 2
+    cores."""
+    if fetch.missing_files("tokenspeed"):
+        pytest.skip("tokenspeed is not fetched (k3num fetch tokenspeed)")
+    r = _mutate("--engine", "tokenspeed", "--sample", "12", "--seed", "0", "--workers", "2", "--out",
+                str(tmp_path / "gate"), "--gate", str(ROOT / "harness" / "mutation_gate.csv"), timeout=1500)
+    assert "[mutate] gate:" in r.stdout, r.stderr[-3000:]
+    assert r.returncode == 0, r.stdout[-3000:]
+    unlisted = [x for x in r.stdout.splitlines() if x.startswith("[mutate] survived:")]
+    assert not unlisted, ("a survivor neither killed nor listed in harness/mutation_equivalents.csv (kill it with a "
+                          "property, or list it with its reason):\n" + "\n".join(unlisted))

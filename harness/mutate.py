@@ -604,6 +604,10 @@ def main(args: argparse.Namespace) -> int:
     k, n, p, lo, hi = score(frame)
     if n == 0:
         print(f"[mutate] {args.engine} {release}: no mutant to judge{what} (the operators make none there)")
+        if getattr(args, "gate", None):  # a sample that judged nothing (every mutant incompetent) cannot pass
+            key = gate_key(args.engine, release, args.sample, args.seed, args.profile)
+            print(f"[mutate] gate: {gate_verdict(recorded(Path(args.gate), key), p)[1]}")
+            return 1
         return 0
     print(f"[mutate] {args.engine} {release}: {k}/{n} killed ({p:.1%}, 95% {lo:.1%}-{hi:.1%}){what}; "
           f"{out / 'report.md'}, {out / 'mutants.csv'}")

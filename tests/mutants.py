@@ -246,16 +246,6 @@ def _mix_without_prefix(prefix, bank, nvb, norm, proj, eps):
     return torch.einsum("ts,tsh->th", torch.softmax(logits, -1), src).to(prefix.dtype)
 
 
-def _mix_with_a_batch_wide_max(prefix, bank, nvb, norm, proj, eps):
-    """The read-only mixture with its softmax's maximum taken over the whole batch (one tile of every row)
-    instead of each row's: exact in exact arithmetic and within budget on finite rows of moderate scores, but a
-    NaN or an infinity in one row reaches the maximum, and through it every other row."""
-    src = torch.cat([bank[:, :nvb].float(), prefix.float().unsqueeze(1)], dim=1)
-    logits = (src @ (norm.float() * proj.float())) * torch.rsqrt(src.square().mean(-1) + eps)
-    e = (logits - logits.max()).exp()
-    return torch.einsum("ts,tsh->th", e / e.sum(-1, keepdim=True), src).to(prefix.dtype)
-
-
 def _mirror_kernel_with(*, softmax: Callable | None = None, to_storage: Callable | None = None) -> Callable:
     """The mirror's attn_res in float32 with its softmax (logits [T, S] -> weights) or its output conversion
     (float32 [T, H], the prefix -> storage) replaced: one realistic slip each."""
@@ -289,6 +279,14 @@ def _softmax_with_a_batch_wide_max(logits: torch.Tensor) -> torch.Tensor:
     """A softmax whose maximum is the whole batch's (logits [T, S]): one non-finite row reaches every row."""
     e = (logits - logits.max()).exp()
     return e / e.sum(-1, keepdim=True)
+
+
+def _mix_with_a_batch_wide_max(prefix, bank, nvb, norm, proj, eps):
+    """The read-only mixture with its softmax's maximum taken over the whole batch (one tile of every row):
+    exact in exact arithmetic and within budget on finite rows of moderate scores, but a NaN or an infinity in
+    one row reaches the maximum, and through it every other row."""
+    return _mirror_kernel_with(softmax=_softmax_with_a_batch_wide_max)(prefix, None, bank, norm, proj, None, nvb, -1,
+                                                                       eps, 0.0)
 
 
 def _truncated_when_batched(mixed: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:

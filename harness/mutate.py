@@ -20,8 +20,8 @@ selection and the judging:
 
 Output in OUT: session.sqlite (cosmic-ray's), mutants.csv (one row per mutant run: engine, release, file,
 line, function, subject, operator, outcome, test, seconds, diff), report.md (the score per file, function,
-subject and operator; every survivor with its diff). Exit 0 written, 1 a survivor, 2 bad input (nothing
-written).
+subject and operator; every survivor with its diff). Exit 0 written, 1 a survivor (or mutants left pending by
+`--deadline`), 2 bad input (nothing written).
 """
 
 from __future__ import annotations
@@ -309,9 +309,10 @@ def _init(db_path: Path, tree: Path, chosen: list[Target], ops: list[str], sampl
 
 
 def execute(out: Path, engine: str, release: str, chosen: list[Target], workers: int, profile: str,
-            log=print) -> float:
+            log=print, stop_at: float | None = None) -> float:
     """Run every pending mutant of the session in OUT on `workers` trees of their own; the baseline's seconds.
-    Raises MutateError when the unmutated tree fails its own properties."""
+    After `stop_at` (a time.monotonic() value) no new mutant starts: the running ones finish and the rest stay
+    pending in the session, to resume. Raises MutateError when the unmutated tree fails its own properties."""
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
 
@@ -362,12 +363,18 @@ def execute(out: Path, engine: str, release: str, chosen: list[Target], workers:
             running: dict = {}
             queue = list(pending)
             while queue or running:
+                if queue and stop_at is not None and time.monotonic() >= stop_at:
+                    log(f"[mutate] deadline reached: {len(queue)} mutant(s) not started, left pending (run again "
+                        "with the same --out to resume)")
+                    queue = []
                 while queue and free:
                     item = queue.pop(0)
                     rel = str(Path(item.mutations[0].module_path).relative_to(out / "trees" / "ref"))
                     tree = free.pop()
                     timeout = max(MIN_TIMEOUT, 3.0 * base[rel])
                     running[pool.submit(run_one, item, tree, engine, by_file[rel], timeout, profile)] = (item, tree)
+                if not running:
+                    break
                 finished, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
                 for fut in finished:
                     item, tree = running.pop(fut)
@@ -383,6 +390,14 @@ def execute(out: Path, engine: str, release: str, chosen: list[Target], workers:
                     log(f"[mutate] {done}/{total} {r['outcome']} ({r['seconds']:.0f} s) {ran.operator_name} "
                         f"line {ran.start_pos[0]}; ~{eta / 60:.0f} min left")
     return sum(base.values())
+
+
+def pending_count(out: Path) -> int:
+    """How many of the session's mutants have not run (a run stopped by --deadline leaves them pending)."""
+    from cosmic_ray.work_db import WorkDB, use_db
+
+    with use_db(str(out / "session.sqlite"), WorkDB.Mode.open) as db:
+        return sum(1 for _ in db.pending_work_items)
 
 
 def results(out: Path, engine: str, release: str, chosen: list[Target]):
@@ -537,6 +552,10 @@ def main(args: argparse.Namespace) -> int:
             raise MutateError(f"--sample {args.sample}: must be a positive count of mutants")
         if args.workers < 1:
             raise MutateError(f"--workers {args.workers}: must be at least 1")
+        deadline = getattr(args, "deadline", None)
+        if deadline is not None and deadline <= 0:
+            raise MutateError(f"--deadline {deadline}: must be a positive number of seconds")
+        stop_at = None if deadline is None else time.monotonic() + deadline
         chosen = targets(args.engine, release, args.file, args.function)
         ops = operator_names(args.operators)
         lines = None
@@ -592,16 +611,21 @@ def main(args: argparse.Namespace) -> int:
         stamp.write_text(json.dumps(params, indent=1))
     try:
         execute(out, args.engine, release, chosen, args.workers, args.profile,
-                log=lambda m: print(m, file=sys.stderr, flush=True))
+                log=lambda m: print(m, file=sys.stderr, flush=True), stop_at=stop_at)
     except MutateError as e:
         print(f"[mutate] ERROR: {e}", file=sys.stderr)
         return 2
     frame = mark_equivalents(results(out, args.engine, release, chosen))
     frame.to_csv(out / "mutants.csv", index=False)
+    left = pending_count(out)
     what = (f", a sample of {args.sample} (seed {args.seed})" if args.sample else "") + (
-        f", the lines {head} changed" if head else "")
+        f", the lines {head} changed" if head else "") + (
+        f"; PARTIAL: {left} mutant(s) not run (the deadline), resume with the same --out" if left else "")
     (out / "report.md").write_text(report(frame, args.engine, release, what))
     k, n, p, lo, hi = score(frame)
+    if n == 0 and left:
+        print(f"[mutate] {args.engine} {release}: no mutant judged before the deadline{what}")
+        return 1
     if n == 0:
         print(f"[mutate] {args.engine} {release}: no mutant to judge{what} (the operators make none there)")
         if getattr(args, "gate", None):  # a sample that judged nothing (every mutant incompetent) cannot pass
@@ -615,6 +639,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"[mutate] survived: {r['file']}:{r['line']} {r['function']} ({r['operator']}): "
               f"{' -> '.join(changed_lines(r['diff']))}")
     key = gate_key(args.engine, release, args.sample, args.seed, args.profile)
+    if left and (getattr(args, "record", None) or getattr(args, "gate", None)):
+        print(f"[mutate] ERROR: {left} mutant(s) of the sample did not run: a partial score is neither recorded "
+              "nor gated", file=sys.stderr)
+        return 1
     if getattr(args, "record", None):
         record(Path(args.record), key, k, n, p, lo, hi)
         print(f"[mutate] recorded {k}/{n} ({p:.1%}, 95% {lo:.1%}-{hi:.1%}) in {args.record}")
@@ -622,7 +650,7 @@ def main(args: argparse.Namespace) -> int:
         ok, said = gate_verdict(recorded(Path(args.gate), key), p)
         print(f"[mutate] gate: {said}")
         return 0 if ok else 1
-    return 1 if (frame["outcome"] == SURVIVED).any() else 0
+    return 1 if left or (frame["outcome"] == SURVIVED).any() else 0
 
 
 GATE_KEY = ("engine", "release", "sample", "seed", "profile")
@@ -672,7 +700,8 @@ def gate_verdict(row: dict[str, str], p: float) -> tuple[bool, str]:
 def add_parser(sub) -> None:
     m = sub.add_parser("mutate", help="the mutation score of the suite on an engine's bound K3 functions "
                        "(cosmic-ray; harness/mutate.py)",
-                       epilog="exit codes: 0 every mutant killed; 1 a survivor (report.md lists it); 2 bad input "
+                       epilog="exit codes: 0 every mutant killed; 1 a survivor (report.md lists it) or mutants left "
+                              "pending by --deadline; 2 bad input "
                               "(an engine, release, file, function or operator not known; nothing written)")
     m.add_argument("--engine", required=True, help="the engine's registry name (vllm, vllm-rocm, sglang, tokenspeed)")
     m.add_argument("--release", default=None, help="a pinned release (default: the engine's default)")
@@ -689,6 +718,9 @@ def add_parser(sub) -> None:
     m.add_argument("--profile", default="ci", help="the hypothesis profile the properties run under")
     m.add_argument("--out", required=True, help="the session folder: session.sqlite, mutants.csv, report.md")
     m.add_argument("--fresh", action="store_true", help="start the session in OUT over")
+    m.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+                   help="start no mutant after SECONDS: the running ones finish, the report covers what ran and "
+                        "says PARTIAL, the rest stay pending in OUT (run again to resume)")
     m.add_argument("--gate", default=None, metavar="CSV",
                    help="fail (exit 1) when the score falls below the recorded one's 95%% interval for the same "
                         "engine, release, sample, seed and profile (harness/mutation_gate.csv is CI's)")

@@ -12,7 +12,8 @@
 #   checkops,ts,oracle,profile,derand,nightly,known,ranks,tokens,ledger,release,race7,contract,around,tpgemm,stream,
 #   epilogue,markov,race4,models,extremes,mutate
 #   `mutate` runs `k3num mutate` on a seeded sample per engine (K3NUM_MUTATE_ENGINES, K3NUM_MUTATE_SAMPLE 40) on every
-#   core (cosmic-ray from the carried .whl/cosmic-ray wheelhouse): OUT/mutate.md, OUT/mutate-ENGINE.csv and .md.
+#   core (cosmic-ray from the carried .whl/cosmic-ray wheelhouse), no mutant starting after K3NUM_MUTATE_DEADLINE s
+#   (two thirds of K3NUM_MUTATE_TIMEOUT, 170): OUT/mutate.md, OUT/mutate-ENGINE.csv and .md.
 #   `models` builds vLLM's ops and runs, on cuda under ci, the tests of the entries whose bug model only a GPU
 #   shows (K3N-014: the compiled FP8 insert; K3N-008: SGLang's aggregation) and the write races' tests, each
 #   with its ledger reproducer: every failure must be known (the model explains it) or the run says new.
@@ -420,9 +421,11 @@ if want mutate; then
     work=$(mktemp -d)
     for e in ${K3NUM_MUTATE_ENGINES:-tokenspeed vllm sglang}; do
         t0=$SECONDS
-        timeout -s INT "${K3NUM_MUTATE_TIMEOUT:-170}" python -m k3num.harness.cli mutate --engine "$e" \
+        # no mutant starts after the deadline (two thirds of the timeout): the report covers what ran
+        lim=${K3NUM_MUTATE_TIMEOUT:-170}
+        timeout -s INT "$lim" python -m k3num.harness.cli mutate --engine "$e" \
             --sample "${K3NUM_MUTATE_SAMPLE:-40}" --seed "${K3NUM_MUTATE_SEED:-0}" --workers "$(nproc)" \
-            --out "$work/$e" > "$out/mutate-$e.log" 2>&1
+            --deadline "${K3NUM_MUTATE_DEADLINE:-$((lim * 2 / 3))}" --out "$work/$e" > "$out/mutate-$e.log" 2>&1
         rc=$?
         [ "$rc" -le 1 ] || mutate=1
         cp "$work/$e/mutants.csv" "$out/mutate-$e.csv" 2>/dev/null; cp "$work/$e/report.md" "$out/mutate-$e.md" 2>/dev/null

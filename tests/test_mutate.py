@@ -130,9 +130,10 @@ def test_bad_input_to_mutate_exits_2_naming_it_and_writes_nothing(tmp_path: Path
 
 
 def test_mutate_kills_sglangs_dropped_max_subtraction_and_resumes_a_finished_session(tmp_path: Path) -> None:
-    """End to end on the pinned SGLang tree: the one DropMaxSubtraction mutant of _combine_kernel is killed by
-    the extreme-scores property (the softmax overflows past a score of ~88); the CSV and report name it; run
-    again with the same parameters, the session resumes and has nothing left to run."""
+    """End to end on the pinned SGLang tree: a run whose --deadline passes before its one mutant starts leaves
+    it pending, says PARTIAL and exits 1; run again, the session resumes: the one DropMaxSubtraction mutant of
+    _combine_kernel is killed by the extreme-scores property (the softmax overflows past a score of ~88); the
+    CSV and report name it; run again with the same parameters, the session has nothing left to run."""
     if fetch.missing_files("sglang"):
         pytest.skip("sglang is not fetched (k3num fetch sglang)")
     import pandas as pd
@@ -140,7 +141,11 @@ def test_mutate_kills_sglangs_dropped_max_subtraction_and_resumes_a_finished_ses
     out = tmp_path / "session"
     args = ["--engine", "sglang", "--function", "_combine_kernel", "--operators", "k3num/DropMaxSubtraction",
             "--out", str(out)]
+    cut = _mutate(*args, "--deadline", "0.01")
+    assert cut.returncode == 1, cut.stdout[-2000:] + cut.stderr[-3000:]
+    assert "deadline reached: 1 mutant(s) not started" in cut.stderr and "PARTIAL: 1 mutant(s)" in cut.stdout
     r = _mutate(*args)
+    assert "resuming the session" in r.stderr, r.stderr[-2000:]
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     frame = pd.read_csv(out / "mutants.csv")
     assert len(frame) == 1 and frame["outcome"][0] == mutate.KILLED, frame.to_string()

@@ -213,6 +213,8 @@ class Capabilities(Mapping[str, Any]):
         "contract", "3", "the draft's context projection as one TP rank builds it (column-parallel, all-gathered)")
     draft_kv_write: Callable[..., Any] | None = _cap("contract", "3", "that write on given K/V rows, read back from "
                                                                       "its pools (the draft K/V rounding contract)")
+    draft_kv_window_write: Callable[..., Any] | None = _cap(
+        "contract", "3", "that write on a verify window: the first commit_lens[b] slots of each row, into given pools")
     pp_taps_hidden: bool | None = _cap("fact", "-", "bool: pp_taps also returns what the last stage hands on")
     pp_taps_standins: str | None = _cap("fact", "-", "str: which compiled ops pp_taps runs as stand-ins")
     attn_res_admits: Callable[[int, int, int], bool] | None = _cap(

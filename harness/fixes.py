@@ -344,6 +344,21 @@ def rope_query_heads_read_head_0(text: str, path: str) -> str:
                        " + head_idx * q_stride_h", "")
 
 
+def commit_window_one_past(text: str, path: str) -> str:
+    """Planted bug (an off-by-one): SGLang's draft K/V writer keeps a verify-window column while
+    `col > num_commit` is false, so each row's first uncommitted column is written too (and a row with nothing
+    committed writes its first slot). Only a window with commit lengths reaches the branch."""
+    return _replace_in(text, path, "_fused_kv_norm_rope_write_kernel", r"if col >= num_commit:", ">=", ">")
+
+
+def eager_mixture_xor(text: str, path: str) -> str:
+    """Planted bug (an operator slip): SGLang's eager mixture `aggregate_stream_torch` weighs the rows with `^`
+    for `*`, so torch's dispatcher raises NotImplementedError (`"bitwise_xor_cpu" not implemented for 'Float'`)
+    on every call. That is an accident of the code, not a mode it lacks: it must fail, not skip."""
+    return _replace_in(text, path, "aggregate_stream_torch", r"mixed = \(probs\.unsqueeze\(-1\) \* rows",
+                       ") * rows", ") ^ rows")
+
+
 def split_the_tap_layer_not_its_consumer(text: str, path: str) -> str:
     """Planted bug (an off-by-one): TokenSpeed marks the captured layer itself for split AttnRes execution
     instead of its consumer (`layer_idx in captured` for `layer_idx - 1 in captured`), so the layer whose
@@ -526,6 +541,12 @@ TREE_MUTANTS: tuple[Fix, ...] = (
     Fix("tap-owner-final-one-past-the-last", "tokenspeed", ((TOKENSPEED_MODEL, tap_owner_final_one_past_the_last),),
         ("tokenspeed",), ("properties/test_tap_owner.py::"
                           "test_attn_res_tap_is_produced_by_the_stage_holding_its_mixing_weights",)),
+    # survivors of SGLang's first sample: the verify window's commit branch, and a torch operator's
+    # NotImplementedError taken for a mode the engine lacks (a skip)
+    Fix("commit-window-one-past", "sglang", ((SGLANG_DRAFT_KV, commit_window_one_past),), ("sglang",),
+        ("properties/test_draft_kv_window.py::test_verify_window_writes_exactly_the_committed_columns_of_each_row",)),
+    Fix("eager-mixture-xor", "sglang", ((SGLANG_ATTN, eager_mixture_xor),), ("sglang",),
+        ("properties/test_attn_res_mix.py::test_read_only_mixture_within_rounding_budget_of_oracle",)),
 )
 
 

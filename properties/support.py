@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dis
 import math
 from typing import Any
 
@@ -98,9 +99,28 @@ def assert_bitwise(actual: torch.Tensor, expected: torch.Tensor, what: str) -> N
     assert same, f"{what}: not bitwise equal: {describe_mismatch(actual, expected)}"
 
 
+def raised_deliberately(e: BaseException) -> bool:
+    """Whether `e` left a Python `raise` (or `assert`) statement: a check of the code's own, refusing an input or
+    a mode it does not have. An exception that a C++ operator threw leaves the call (torch's dispatcher:
+    `"bitwise_xor_cpu" not implemented for 'Float'` is a NotImplementedError), and one the interpreter raised
+    leaves its expression (an IndexError of a subscript, a TypeError of a call): accidents of the code on an
+    input it accepted, failures. Read from the innermost frame's bytecode, not its source: the interpreter-mode
+    kernels are exec'd with no source registered (engines/source.py says why)."""
+    tb = e.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    at = next((i.opname for i in dis.get_instructions(tb.tb_frame.f_code) if i.offset == tb.tb_lasti), "")
+    return at in ("RAISE_VARARGS", "RERAISE")
+
+
 def call(engine: Engine, fn: Subject, *args: object, **kwargs: object) -> object:
-    """Call a subject; a NotImplementedError (a mode the engine does not have) skips with its reason."""
+    """Call a subject; a NotImplementedError that the code raised (a mode the engine does not have) skips with
+    its reason; one a torch operator threw (no kernel for the dtype or device the code asked for) is a failure."""
     try:
         return fn(*args, **kwargs)
     except NotImplementedError as e:
+        if not raised_deliberately(e):
+            raise
         pytest.skip(f"{engine.name} {engine.version}: {e}")

@@ -15,7 +15,7 @@ from k3num.harness.judges import mixture_budget
 from k3num.oracles import budgets
 from k3num.oracles.drift import COLLECTOR
 from k3num.oracles.records import INFO, judge
-from k3num.properties.support import DEVICE, LOW, assert_bitwise, report, subject, up
+from k3num.properties.support import DEVICE, LOW, assert_bitwise, raised_deliberately, report, subject, up
 from k3num.refmodel import attn_res as ref
 
 EPS = 1e-5
@@ -34,11 +34,19 @@ OWNER_STAGE_SKIP = ("takes this tap on the next stage (the tap owner rule), whic
 
 def _tap(engine, case: TapCase, inp: TapInputs, *, enabled: bool = True, weights: bool = True,
          is_last_rank: bool = True, non_final_stage: str = "raise", pending: bool = True) -> torch.Tensor:
-    return subject(engine, base.AUX_CAPTURE)(
-        case.layer_idx, inp.prefix_sum, inp.pending if pending else None, inp.bank, enabled=enabled,
-        weights=inp.weights if weights else None, block_size=case.block_size, end_layer=case.stage_end,
-        num_layers=case.num_layers, is_last_rank=is_last_rank, eps=EPS, non_final_stage=non_final_stage,
-    )
+    """The engine's tap; an error that no `raise` of the code made (a torch operator's, a subscript's) is an
+    AssertionError: neither a refusal (the RuntimeError branch 2 expects) nor a mode it lacks (a skip)."""
+    try:
+        return subject(engine, base.AUX_CAPTURE)(
+            case.layer_idx, inp.prefix_sum, inp.pending if pending else None, inp.bank, enabled=enabled,
+            weights=inp.weights if weights else None, block_size=case.block_size, end_layer=case.stage_end,
+            num_layers=case.num_layers, is_last_rank=is_last_rank, eps=EPS, non_final_stage=non_final_stage,
+        )
+    except RuntimeError as e:  # NotImplementedError is one
+        if raised_deliberately(e):
+            raise
+        raise AssertionError(f"{engine.name} {engine.version}: the tap crashed, no check of its own refused: "
+                             f"{type(e).__name__}: {e}") from e
 
 
 def _oracle(case: TapCase, inp: TapInputs, *, end_layer: int, is_last_rank: bool = True) -> torch.Tensor:

@@ -25,7 +25,7 @@ from k3num.oracles import hunt
 from k3num.oracles.drift import COLLECTOR
 from k3num.oracles.records import INFO, Record
 from k3num.properties.checks.poisoned_memory import check_poisoned_attn_res, check_poisoned_mixture
-from k3num.properties.support import DEVICE, LOW, subject
+from k3num.properties.support import DEVICE, LOW, raised_deliberately, subject
 
 OFF_GRID_HIDDEN = [24, 40, 96, 100, 200, 1000, 1536]
 ODD_TOKENS = [1, 3, 5, 7] + ([255, 257] if torch.device(DEVICE).type == "cuda" else [])
@@ -47,9 +47,12 @@ def off_path_attn_res_cases(draw: st.DrawFn) -> AttnResCase:
 
 
 def _is_refusal(e: BaseException) -> bool:
-    """A wrapper's own check, not a kernel or device failure: no CUDA/Triton error, a message."""
+    """A wrapper's own check, not a kernel or device failure: raised by a `raise` or `assert` statement
+    (support.raised_deliberately: not a torch operator's error, nor a subscript's), with a message, no CUDA or
+    Triton error."""
     text = f"{type(e).__module__}.{type(e).__name__}: {e}"
-    return bool(str(e)) and not any(k in text for k in ("CUDA", "cuda", "triton", "Triton", "illegal memory"))
+    return bool(str(e)) and raised_deliberately(e) and not any(
+        k in text for k in ("CUDA", "cuda", "triton", "Triton", "illegal memory"))
 
 
 def _refused(engine, name: str, e: BaseException, detail: str) -> None:

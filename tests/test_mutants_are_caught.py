@@ -79,6 +79,9 @@ def test_correct_mirror_passes_every_property(outcomes: dict[str, dict[str, str]
     # on TokenSpeed's files by its plant, tests/test_fix_proofs.py)
     per_engine_files += ("test_rope_rotates_every_query_and_key_head_and_passes_the_tail_through",
                          "test_exactly_the_consumers_of_captured_attn_res_taps_run_split")
+    # (and SGLang's verify-window write, which the mirror's draft has no window for; proven on SGLang's file by
+    # its plant commit-window-one-past)
+    per_engine_files += ("test_verify_window_writes_exactly_the_committed_columns_of_each_row",)
     assert all(name.startswith(needs_input) or name.split("[")[0] in GPU_ONLY | set(per_engine_files)
                for name in skipped), f"unexpected skips: {skipped}"
     assert any(status == "passed" for status in results.values())

@@ -133,6 +133,7 @@ def _engine(version: str, mode: str, real_ops: str, mod: Any, fkw: Any, pairs: A
         # the eager path rounds the normed rows and the scores to bf16 before its softmax
         extras={"transfer_pairs": pairs, "fused_kv_norm_rope_write": fkw.fused_kv_norm_rope_write,
                 "draft_kv_write": _draft_kv_writer(fkw.fused_kv_norm_rope_write),
+                "draft_kv_window_write": _draft_kv_window_writer(fkw.fused_kv_norm_rope_write),
                 **({"kv_transfer": kv[0]} if kv[0] is not None else {"kv_transfer_missing": kv[1]}),
                 **({"draft_kv_materialize": _materialize_subject(materializer)} if materializer is not None else {}),
                 "logit_dtype": {base.ATTN_RES_MIX_EAGER: torch.bfloat16, base.ATTN_RES_MIX: _dispatched_logit_dtype,
@@ -169,8 +170,9 @@ BOUND = {
     (ATTN_PY, "_combine_kernel"): ("triton", "2", "attn_res_mix_triton"),
     (ATTN_PY, "aggregate_stream_torch"): ("python", "2", "attn_res_mix_eager"),
     (ATTN_PY, "AttnResidual"): ("python", "2", "attn_res_residual"),
-    (FKW_PY, "fused_kv_norm_rope_write"): ("python", "3", "draft_context_kv"),
-    (FKW_PY, "_fused_kv_norm_rope_write_kernel"): ("triton", "3", "draft_context_kv"),
+    (FKW_PY, "fused_kv_norm_rope_write"): ("python", "3", "draft_context_kv,draft_kv_write,draft_kv_window_write"),
+    (FKW_PY, "_fused_kv_norm_rope_write_kernel"): ("triton", "3",
+                                                   "draft_context_kv,draft_kv_write,draft_kv_window_write"),
     ("sglang/srt/models/dflash.py", "DFlashDraftModel.project_target_hidden"): ("python", "3", "project_unsharded"),
     ("sglang/srt/models/dflash.py", "DFlashAttention.kv_proj_only"): ("python", "3", "draft_context_kv"),
     ("sglang/srt/disaggregation/utils.py", "build_transfer_entry_pairs"): ("python", "3", "transfer_pairs"),
@@ -283,6 +285,29 @@ def _draft_kv_writer(write: Any) -> Any:
         return torch.stack(k_bufs).view(shape), torch.stack(v_bufs).view(shape)
 
     return write_rows
+
+
+def _draft_kv_window_writer(write: Any) -> Any:
+    """`fused_kv_norm_rope_write` on DSpark's verify window, as `dspark.py` calls it when it has commit lengths:
+    (kv [N, L*2*W] bf16, k_norm [L, D], positions [N], rope, eps, L, W, locs [N] int64 (the flattened
+    [B, row_width] window of pool slots, < 0 skipped), commit_lens [B], row_width, k_pools and v_pools: L
+    tensors [S, W] bf16 each) -> None, the pools written in place: only the first commit_lens[b] columns of each
+    window row are written (the kernel's HAS_COMMIT_LENS branch)."""
+
+    def write_window(kv: torch.Tensor, k_norm: torch.Tensor, positions: torch.Tensor, rope: Any, eps: float,
+                     num_layers: int, width: int, locs: torch.Tensor, commit_lens: torch.Tensor, row_width: int,
+                     k_pools: list[torch.Tensor], v_pools: list[torch.Tensor]) -> None:
+        from k3num.engines.mirror.context_kv import rope_cache
+
+        max_pos = int(positions.max()) + 1 if positions.numel() else 1
+        cache = rope_cache(rope, max_pos, torch.float32, kv.device).contiguous()  # [P, ROT] = [cos | sin]
+        meta = torch.tensor([[k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0)] for k, v in zip(k_pools, v_pools)],
+                            dtype=torch.int64, device=kv.device)
+        write(kv, meta, k_norm.contiguous(), cache, positions, locs, num_layers, width, k_norm.shape[1], eps,
+              commit_lens=commit_lens, locs_row_width=row_width, is_neox_style=rope.style == "neox",
+              rotary_dim=rope.rotary_dim)
+
+    return write_window
 
 
 def _materialize_subject(helper_cls: Any) -> Any:

@@ -268,19 +268,12 @@ def _draft_kv_writer(write: Any) -> Any:
 
     def write_rows(kv: torch.Tensor, k_norm: torch.Tensor, positions: torch.Tensor, rope: Any, eps: float,
                    num_layers: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        from k3num.engines.mirror.context_kv import rope_cache
-
         d, n = k_norm.shape[1], kv.shape[0]
-        max_pos = int(positions.max()) + 1 if positions.numel() else 1
-        cache = rope_cache(rope, max_pos, torch.float32, kv.device).contiguous()  # [P, ROT] = [cos | sin]
         # the pools are left uninitialised (the poisoned-memory property fills them): every element is the kernel's
         k_bufs = [torch.empty(n, width, dtype=torch.bfloat16, device=kv.device) for _ in range(num_layers)]
         v_bufs = [torch.empty(n, width, dtype=torch.bfloat16, device=kv.device) for _ in range(num_layers)]
-        meta = torch.tensor([[k.data_ptr(), v.data_ptr(), width, width] for k, v in zip(k_bufs, v_bufs)],
-                            dtype=torch.int64, device=kv.device)
-        locs = torch.arange(n, device=kv.device)
-        write(kv, meta, k_norm.contiguous(), cache, positions, locs, num_layers, width, d, eps,
-              is_neox_style=rope.style == "neox", rotary_dim=rope.rotary_dim)
+        _write_into_pools(write, kv, k_norm, positions, rope, eps, num_layers, width, torch.arange(n, device=kv.device),
+                          k_bufs, v_bufs)
         shape = (num_layers, n, width // d, d)
         return torch.stack(k_bufs).view(shape), torch.stack(v_bufs).view(shape)
 
@@ -297,17 +290,26 @@ def _draft_kv_window_writer(write: Any) -> Any:
     def write_window(kv: torch.Tensor, k_norm: torch.Tensor, positions: torch.Tensor, rope: Any, eps: float,
                      num_layers: int, width: int, locs: torch.Tensor, commit_lens: torch.Tensor, row_width: int,
                      k_pools: list[torch.Tensor], v_pools: list[torch.Tensor]) -> None:
-        from k3num.engines.mirror.context_kv import rope_cache
-
-        max_pos = int(positions.max()) + 1 if positions.numel() else 1
-        cache = rope_cache(rope, max_pos, torch.float32, kv.device).contiguous()  # [P, ROT] = [cos | sin]
-        meta = torch.tensor([[k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0)] for k, v in zip(k_pools, v_pools)],
-                            dtype=torch.int64, device=kv.device)
-        write(kv, meta, k_norm.contiguous(), cache, positions, locs, num_layers, width, k_norm.shape[1], eps,
-              commit_lens=commit_lens, locs_row_width=row_width, is_neox_style=rope.style == "neox",
-              rotary_dim=rope.rotary_dim)
+        _write_into_pools(write, kv, k_norm, positions, rope, eps, num_layers, width, locs, k_pools, v_pools,
+                          commit_lens=commit_lens, locs_row_width=row_width)
 
     return write_window
+
+
+def _write_into_pools(write: Any, kv: torch.Tensor, k_norm: torch.Tensor, positions: torch.Tensor, rope: Any,
+                      eps: float, num_layers: int, width: int, locs: torch.Tensor, k_pools: list[torch.Tensor],
+                      v_pools: list[torch.Tensor], **window: Any) -> None:
+    """One `fused_kv_norm_rope_write` call into the per-layer pools (L tensors [S, W] bf16 each, their row strides
+    in the kernel's meta) at `locs`, with the float32 cos/sin table of `rope_cache` (the one the rounding
+    contract reads); `window`: commit_lens and locs_row_width, for the verify window."""
+    from k3num.engines.mirror.context_kv import rope_cache
+
+    max_pos = int(positions.max()) + 1 if positions.numel() else 1
+    cache = rope_cache(rope, max_pos, torch.float32, kv.device).contiguous()  # [P, ROT] = [cos | sin]
+    meta = torch.tensor([[k.data_ptr(), v.data_ptr(), k.stride(0), v.stride(0)] for k, v in zip(k_pools, v_pools)],
+                        dtype=torch.int64, device=kv.device)
+    write(kv, meta, k_norm.contiguous(), cache, positions, locs, num_layers, width, k_norm.shape[1], eps,
+          is_neox_style=rope.style == "neox", rotary_dim=rope.rotary_dim, **window)
 
 
 def _materialize_subject(helper_cls: Any) -> Any:

@@ -291,6 +291,9 @@ def test_only_annotations_no_behaviour_reads_are_left_unmutated(tmp_path: Path) 
     schema = tmp_path / "schema.py"
     schema.write_text(PLANTED_ANNOTATIONS + "torch.library.custom_op('k3::plain')(plain)\n")
     assert mutate.unevaluated_annotations(schema) == [((7, 7), (7, 17))], "a custom op's schema reads them"
+    imported = tmp_path / "imported.py"
+    imported.write_text("from vllm.model_executor.custom_op import PluggableLayer\n" + PLANTED_ANNOTATIONS)
+    assert len(mutate.unevaluated_annotations(imported)) == len(spans), "a module named custom_op reads nothing"
 
 
 def test_a_survivor_listed_not_runnable_here_is_counted_apart_and_left_out_of_the_score(tmp_path: Path) -> None:

@@ -184,6 +184,8 @@ class Capabilities(Mapping[str, Any]):
     weight_loading: Any = _cap("contract", "1", "vLLM's merged context-KV weight loader (a namespace of callables)")
     block_fp8_loading: Callable[..., Any] | None = _cap("contract", "1",
                                                         "the FP8 block-scale loader of the merged projection")
+    merged_loading_tp: Callable[..., Any] | None = _cap(
+        "contract", "1", "a merged column-parallel layer's unquantized weight loaded on one TP rank of several")
     nvfp4_loading: Callable[..., Any] | None = _cap("contract", "1", "the compressed-tensors NVFP4 loader")
     nvfp4_modelopt_loading: Callable[..., Any] | None = _cap("contract", "1", "ModelOpt's NVFP4 loader")
     context_kv_ops: Any = _cap("contract", "1", "the context-KV ops one by one (engines.standins.ContextKVOps)")

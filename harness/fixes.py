@@ -35,6 +35,8 @@ TOKENSPEED_CONTEXT = "tokenspeed/runtime/execution/dspark_context.py"
 TOKENSPEED_KIMI_K3 = "tokenspeed/runtime/models/kimi_k3.py"
 TOKENSPEED_ROPE = "tokenspeed_kernel/ops/embedding/triton.py"
 VLLM_DSPARK = "vllm/models/kimi_k3/nvidia/dspark_mla.py"
+VLLM_SPECULATOR = "vllm/v1/worker/gpu/spec_decode/dspark/speculator.py"
+VLLM_PARAMETER = "vllm/model_executor/parameter.py"
 ROCM_LINEAR = "vllm/models/kimi_k3/amd/linear.py"
 
 
@@ -351,6 +353,29 @@ def commit_window_one_past(text: str, path: str) -> str:
     return _replace_in(text, path, "_fused_kv_norm_rope_write_kernel", r"if col >= num_commit:", ">=", ">")
 
 
+def watermark_key_at_the_sampled_position(text: str, path: str) -> str:
+    """Planted bug (an off-by-one): vLLM's DSpark speculator hands its draft watermarker the sampled token's
+    position P for the key, where the plain branch (and the target) key the draw by P - 1. Only a draft with a
+    watermarker takes the branch."""
+    return _replace_in_method(text, path, "_sample_logits", r"^ {16}sample_pos - 1,$", "sample_pos - 1", "sample_pos")
+
+
+def merged_column_rows_of_rank_0(text: str, path: str) -> str:
+    """Planted bug (a lost offset): vLLM's `_ColumnvLLMParameter.load_merged_column_weight` narrows every part
+    at row 0 on every TP rank, so each rank loads rank 0's rows. Exact on rank 0 of any world, which is all the
+    K3 draft's own merged layer (disable_tp) ever loads."""
+    tree = ast.parse(text)
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "_ColumnvLLMParameter"), None)
+    fn = next((n for n in (cls.body if cls else []) if isinstance(n, ast.FunctionDef)
+               and n.name == "load_merged_column_weight"), None)
+    if fn is None:
+        raise FixError(f"{path}: _ColumnvLLMParameter.load_merged_column_weight not found")
+    lines = text.splitlines(keepends=True)
+    i = _one(lines, fn.lineno - 1, (fn.end_lineno or fn.lineno) - 1, r"self\.tp_rank \* shard_size", path)
+    lines[i] = lines[i].replace("self.tp_rank * shard_size", "0 * shard_size", 1)
+    return "".join(lines)
+
+
 def eager_mixture_xor(text: str, path: str) -> str:
     """Planted bug (an operator slip): SGLang's eager mixture `aggregate_stream_torch` weighs the rows with `^`
     for `*`, so torch's dispatcher raises NotImplementedError (`"bitwise_xor_cpu" not implemented for 'Float'`)
@@ -547,6 +572,13 @@ TREE_MUTANTS: tuple[Fix, ...] = (
         ("properties/test_draft_kv_window.py::test_verify_window_writes_exactly_the_committed_columns_of_each_row",)),
     Fix("eager-mixture-xor", "sglang", ((SGLANG_ATTN, eager_mixture_xor),), ("sglang",),
         ("properties/test_attn_res_mix.py::test_read_only_mixture_within_rounding_budget_of_oracle",)),
+    # survivors of vLLM 0.34.0's first sample: a merged part's rows on a TP rank past 0 (only rank 0 was loaded),
+    # the speculator's draft-watermarker branch, which no property took
+    Fix("merged-column-rows-of-rank-0", "vllm", ((VLLM_PARAMETER, merged_column_rows_of_rank_0),), ("vllm",),
+        ("properties/test_merged_loading_tp.py::test_each_tp_rank_loads_its_rows_of_every_merged_part",)),
+    Fix("watermark-key-at-the-sampled-position", "vllm", ((VLLM_SPECULATOR, watermark_key_at_the_sampled_position),),
+        ("vllm",), ("properties/test_markov.py::"
+                    "test_a_draft_watermarker_that_marks_no_row_samples_what_the_plain_loop_samples",)),
 )
 
 

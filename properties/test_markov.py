@@ -304,3 +304,22 @@ def test_fused_markov_non_finite_rows_draw_in_range_tokens_and_leave_the_finite_
             assert_bitwise(b.cache[c], clean.cache[c], f"finite row {r}'s cached logits beside non-finite rows")
     others = [c for c in range(b.cache.shape[0]) if c not in written]
     assert_bitwise(b.cache[others], before[others], "the cache rows no batch row maps to")
+
+
+@given(**{k: v for k, v in cases.items() if k not in ("temps", "noise", "mapped")},
+       temps=st.lists(st.sampled_from(TEMPERATURES), min_size=1, max_size=3).filter(any), fp32_logits=st.booleans())
+def test_a_draft_watermarker_that_marks_no_row_samples_what_the_plain_loop_samples(
+        engine, seed, rows, steps, vocab, rank, temps, fp64, padded, ties, fp32_logits):
+    """Disabled-path equivalence of the speculator's draft-watermarker branch: through a watermarker that marks
+    no row (engines/vllm_adapter/markov.py `_NoRowMarked`: the release's sampler on the arguments the branch hands
+    it), the loop's draft tokens and cache are the plain loop's bit for bit. The branch keys each draw by the
+    position before the sampled token (P - 1) as the plain branch does; a key one off moves every draw at a
+    non-zero temperature (some drawn here). Cache rows unmapped: the branch hands the watermarker no row mapping."""
+    ops = _steps(engine)
+    b = _batch(seed, rows, steps, vocab, rank, temps, fp64, False, False, padded, ties, exact=False,
+               dtype=torch.float32 if fp32_logits else LOW)
+    marked = _clone(b)
+    ops.loop(b)
+    ops.loop(marked, watermarked=True)
+    assert_bitwise(marked.tokens, b.tokens, "the draft tokens through a watermarker marking no row")
+    assert_bitwise(marked.cache, b.cache, "the draft logits cache through a watermarker marking no row")

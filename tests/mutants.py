@@ -628,10 +628,16 @@ class _BrokenMarkov(m_markov.MarkovSteps):
             b.tokens[: b.rows, step] = tok
             prev = tok
 
+    def loop(self, batch, fuse_bias=False, watermarked=False):
+        if self.bug == "markov_watermark_key_at_p" and watermarked:  # the watermarker keys the draw by P, not P - 1
+            m_markov.MarkovSteps.fused(dataclasses.replace(batch, sample_pos=batch.sample_pos + 1))
+            return
+        m_markov.MarkovSteps.loop(batch, fuse_bias)
+
 
 MARKOV_MUTANTS = ("markov_prev_is_anchor", "markov_bias_unrounded", "markov_cache_after_temperature",
                   "markov_padded_row_written", "markov_vocab_tail_written", "markov_noise_without_step",
-                  "markov_last_max_kept", "markov_nan_row_out_of_range")
+                  "markov_last_max_kept", "markov_nan_row_out_of_range", "markov_watermark_key_at_p")
 
 # --- the hunt's families (oracles/hunt.py): state kept between calls, rows left unwritten, reads past
 # the rows a call may read, taps lost between PP stages
@@ -761,6 +767,15 @@ def _nvfp4_first_global(tensors, num_layers):
 
 
 FP8_MUTANTS = ("block_rows_by_arrival", "block_scales_rounded_up", "nvfp4_first_global")
+LOADING_MUTANTS = ("merged_rows_of_rank_0",)
+
+
+def _merged_rows_of_rank_0(tensors, num_layers, world, rank):
+    """The merged column-parallel load with every rank given rank 0's rows of each part."""
+    from k3num.engines.mirror import weights as m_weights
+
+    return m_weights.load_merged_at_rank(tensors, num_layers, world, 0)
+
 
 def _refuses_inside_the_mix(prefix, delta, blocks, norm, qk, onorm, num_blocks, write_idx, eps, oeps):
     """A write inside the mixed range refused, though the engine declares no precondition."""
@@ -838,7 +853,7 @@ EXTRA_MUTANTS: dict[str, tuple[dict[str, base.Subject], dict[str, object]]] = {
 
 ALL = sorted([*MUTANTS, *WEIGHT_MUTANTS, *TRANSFER_MUTANTS, *KV_TRANSFER_MUTANTS, *MATERIALIZE_MUTANTS,
               *OWNER_MUTANTS, *OPS_MUTANTS, *EPILOGUE_MUTANTS, *DRAFT_CONFIG_MUTANTS, *MARKOV_MUTANTS, *PP_MUTANTS,
-              *FP8_MUTANTS, *EXTRA_MUTANTS, *TOKENSPEED_PP_MUTANTS])
+              *FP8_MUTANTS, *LOADING_MUTANTS, *EXTRA_MUTANTS, *TOKENSPEED_PP_MUTANTS])
 
 
 # --- drifting subjects: NOT bugs the properties must catch. Each adds one extra rounding where the
@@ -911,6 +926,8 @@ def build(name: str) -> base.Engine:
         extras["weight_loading"] = mirror.weight_loading()
     if name == "nvfp4_first_global":
         extras["nvfp4_loading"] = _nvfp4_first_global
+    if name == "merged_rows_of_rank_0":
+        extras["merged_loading_tp"] = _merged_rows_of_rank_0
     if name in TOKENSPEED_PP_MUTANTS:
         extras["pp_taps"] = _tokenspeed_pp(name)
         extras["pp_taps_hidden"] = True

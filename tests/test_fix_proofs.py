@@ -59,7 +59,7 @@ def test_the_cpu_visible_kernel_mutants_are_caught(tmp_path: Path) -> None:
     # survivors of the first mutation sample, each reached by a property now (docs/mutation.md)
     for fix in ("rope-query-heads-read-head-0", "split-the-tap-layer-not-its-consumer",
                 "tap-owner-prefix-by-name-prefix", "tap-owner-final-one-past-the-last", "commit-window-one-past",
-                "eager-mixture-xor"):
+                "eager-mixture-xor", "watermark-key-at-the-sampled-position", "merged-column-rows-of-rank-0"):
         assert fix in table, fix
     # the masked-lane slip (ROCm's score norm over the padded BLOCK_D): caught on the CPU under ci (issue 38)
     assert "rocm-score-norm-block-d" in table

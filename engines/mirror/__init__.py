@@ -37,6 +37,7 @@ def build() -> base.Engine:
                                "transfer_pairs": transfer.build_transfer_entry_pairs,
                                "tap_owner": attn_res.tap_owner_layer, "pp_taps": pp.pp_taps,
                                "block_fp8_loading": weights.load_block_fp8, "nvfp4_loading": weights.load_nvfp4,
+                               "merged_loading_tp": weights.load_merged_at_rank,
                                "nvfp4_modelopt_loading": weights.load_nvfp4_modelopt,
                                "context_kv_ops": _context_kv_ops(), "mla_epilogue": _mla_epilogue(),
                                "draft_config": _draft_config(), "markov_steps": _markov_steps(),

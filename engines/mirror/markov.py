@@ -141,9 +141,10 @@ class MarkovSteps:
             prev = tok
 
     @staticmethod
-    def loop(batch: MarkovBatch, fuse_bias: bool = False) -> None:
+    def loop(batch: MarkovBatch, fuse_bias: bool = False, watermarked: bool = False) -> None:
         """The step-by-step loop (`fuse_bias`: the bias added by the sampler instead of before it; one rounding
-        either way): the mirror's own fused steps, never a subclass's."""
+        either way; `watermarked`: through a draft watermarker that marks no row, which samples as the plain
+        loop does): the mirror's own fused steps, never a subclass's."""
         MarkovSteps.fused(batch)
 
     @staticmethod

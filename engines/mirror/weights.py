@@ -70,6 +70,23 @@ def load_block_fp8(tensors: list[tuple[str, torch.Tensor]], num_layers: int, blo
     return weight, scale
 
 
+def load_merged_at_rank(tensors: list[tuple[str, torch.Tensor]], num_layers: int, world: int, rank: int
+                        ) -> torch.Tensor:
+    """A merged column-parallel layer's weight [L * W / world, H] on TP rank `rank` of `world`, from per-layer
+    shards ("weight" [W, H] with .shard_id, in any arrival order): each layer's rows rank * W / world onward,
+    W / world of them, at l * W / world. A width the ranks cannot split evenly is refused."""
+    width, hidden = next(t for name, t in tensors if name == "weight").shape
+    if width % world:
+        raise ValueError(f"merged column-parallel layer: a shard of {width} rows does not split over {world} ranks")
+    part = width // world
+    weight = torch.full((num_layers * part, hidden), float("nan"), dtype=tensors[0][1].dtype)
+    for name, t in tensors:
+        if name != "weight":
+            raise ValueError(f"merged_loading_tp: no parameter {name!r} in an unquantized merged layer")
+        weight[t.shard_id * part:(t.shard_id + 1) * part] = t[rank * part:(rank + 1) * part]
+    return weight
+
+
 def load_nvfp4(tensors: list[tuple[str, torch.Tensor]], num_layers: int) -> dict[str, object]:
     """A merged compressed-tensors NVFP4 layer from per-layer shards: the GEMM applies one global
     scale to the whole weight, so the shards must share theirs; differing ones are refused (each

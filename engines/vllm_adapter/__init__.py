@@ -102,6 +102,10 @@ CONTRACT: dict[str, dict[str, dict[str, list[str] | None]]] = {
         "MergedColumnParallelLinear.weight_loader_v2": ["self", "param", "loaded_weight", "loaded_shard_id"],
         "MergedColumnParallelLinear.validate_shard_id": None},
         quant_loading.PARAMETER_PY: {"_ColumnvLLMParameter.load_merged_column_weight": None}},
+    "merged_loading_tp": {quant_loading.LINEAR_PY: {
+        "MergedColumnParallelLinear.weight_loader_v2": None, "MergedColumnParallelLinear.validate_shard_id": None,
+        "LinearBase.update_param_tp_status": ["self"]},
+        quant_loading.PARAMETER_PY: {"_ColumnvLLMParameter.load_merged_column_weight": None}},
     "nvfp4_loading": {quant_loading.CT_NVFP4_PY: {
         "CompressedTensorsW4A4Fp4.create_weights":
             ["self", "layer", "output_partition_sizes", "input_size_per_partition", "params_dtype", "weight_loader"],
@@ -250,6 +254,7 @@ def build(src: fetch.Source, mode: str) -> base.Engine:
     _bind(base.CONTEXT_KV_FUSED, root, lambda: _bind_precompute(root / DSPARK_PY, None, ops), bound, missing)
     _bind("weight_loading", root, lambda: _bind_weight_loading(root), bound, missing)
     _bind("block_fp8_loading", root, lambda: quant_loading.bind(root), bound, missing)
+    _bind("merged_loading_tp", root, lambda: quant_loading.bind_tp(root), bound, missing)
     _bind("nvfp4_loading", root, lambda: quant_loading.bind_nvfp4(root), bound, missing)
     _bind("nvfp4_modelopt_loading", root, lambda: quant_loading.bind_nvfp4_modelopt(root), bound, missing)
     if (root / context_proj.DRAFTER_MODEL_PY).is_file():
@@ -277,7 +282,8 @@ def build(src: fetch.Source, mode: str) -> base.Engine:
         note = "; ".join(filter(None, [note, f"compiled ops are stand-ins: {ops_note}"]))
     m = fetch.verified_manifest(src) or fetch.manifest(src)
     files = {base.ATTN_RES: ATTN_RES_PY, base.AUX_CAPTURE: MODEL_PY, base.CONTEXT_KV_FUSED: DSPARK_PY}
-    extras: dict[str, Any] = {k: bound[k] for k in ("weight_loading", "pp_taps", "block_fp8_loading", "nvfp4_loading",
+    extras: dict[str, Any] = {k: bound[k] for k in ("weight_loading", "pp_taps", "block_fp8_loading",
+                                                    "merged_loading_tp", "nvfp4_loading",
                                                     "nvfp4_modelopt_loading", "context_proj_tp", "mla_epilogue",
                                                     "draft_config", "markov_steps")
                                  if k in bound}

@@ -136,6 +136,26 @@ class _Model:
         return F.linear(embed.to(self.head_dtype), self.w2.to(self.head_dtype))
 
 
+class _NoRowMarked:
+    """A stand-in draft watermarker (vllm/v1/watermarking/spec_decode.py `DraftWatermarker`, whose `sample`
+    signature this one takes) that marks no row: it samples with the release's `gumbel_sample` from exactly the
+    arguments the speculator's watermarker branch hands it. What it judges is the branch's own part: the key
+    position (P - 1), the temperature, the seeds, the cache and its column, as the plain branch passes them. The
+    real watermarker receives no cache row mapping, and neither does this one."""
+
+    def __init__(self, gumbel_sample: Any) -> None:
+        self.gumbel_sample = gumbel_sample
+
+    def sample(self, logits: torch.Tensor, idx_mapping: torch.Tensor, temperature: torch.Tensor, seed: torch.Tensor,
+               pos: torch.Tensor, apply_temperature: bool, is_drafting: bool, logits_cache: Any = None,
+               logits_cache_col: Any = None, use_fp64: bool = False, logits_cache_source: Any = None,
+               num_steps: int = 1) -> torch.Tensor:
+        if num_steps != 1:
+            raise NotImplementedError("the stand-in watermarker samples one step at a time")
+        return self.gumbel_sample(logits, idx_mapping, temperature, seed, pos, apply_temperature, is_drafting,
+                                  logits_cache, logits_cache_col, use_fp64, logits_cache_source, None, None)
+
+
 class RealMarkovSteps:
     """The release's fused steps, its loop and its sampler under engines/mirror/markov.py's interface."""
 
@@ -178,8 +198,12 @@ class RealMarkovSteps:
             fused.join()
         fused.run(spec, b.rows, b.base, b.w1, b.w2, noise)
 
-    def loop(self, b: MarkovBatch, fuse_bias: bool = False) -> None:
+    def loop(self, b: MarkovBatch, fuse_bias: bool = False, watermarked: bool = False) -> None:
+        """The speculator's loop; `watermarked`: through its draft-watermarker branch, with a stand-in
+        watermarker that marks no row (_NoRowMarked)."""
         spec = self._speculator(b, fuse_bias)
+        if watermarked:
+            spec.draft_watermarker = _NoRowMarked(self.gumbel.gumbel_sample)
         prev = b.input_ids[b.anchor_idx]
         hidden = torch.zeros(b.rows * b.steps, 1, device=b.base.device)
         self._chain(spec, b.base, hidden, prev, b.idx_map, b.sample_pos, b.tokens[: b.rows])

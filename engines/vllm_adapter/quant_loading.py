@@ -94,15 +94,24 @@ class _Merged:
     loader: Callable
     validate: Callable
 
+    update_tp: Callable | None = None  # LinearBase.update_param_tp_status: the layer's rank into its parameters
+
     def load(self, params_by_name: dict[str, Any], tensors: list[tuple[str, torch.Tensor]], widths: list[int],
-             what: str, **layer_attrs: Any) -> None:
-        """Each (name, tensor) into its parameter through `weight_loader_v2`, by its `.shard_id`."""
+             what: str, world: int = 1, rank: int = 0, **layer_attrs: Any) -> None:
+        """Each (name, tensor) into its parameter through `weight_loader_v2`, by its `.shard_id`, on TP rank
+        `rank` of `world` (the layer's parameters given the layer's rank as vLLM's LinearBase does)."""
         # 0.34.0's StackedColumnParallelLinear records the shards each parameter received (shard_ids,
         # loaded_shard_ids, named_parameters)
-        owner = types.SimpleNamespace(output_sizes=widths, tp_size=1, tp_rank=0, shard_ids=tuple(range(len(widths))),
-                                      loaded_shard_ids={}, named_parameters=lambda: iter(params_by_name.items()),
-                                      **layer_attrs)
+        owner = types.SimpleNamespace(output_sizes=widths, tp_size=world, tp_rank=rank,
+                                      shard_ids=tuple(range(len(widths))), loaded_shard_ids={},
+                                      named_parameters=lambda: iter(params_by_name.items()),
+                                      parameters=lambda: iter(params_by_name.values()), **layer_attrs)
         owner.validate_shard_id = types.MethodType(self.validate, owner)
+        if (world, rank) != (1, 0):
+            if self.update_tp is None:
+                raise NotImplementedError(f"{what}: this release's linear.py has no "
+                                          f"LinearBase.update_param_tp_status to give the parameters a rank")
+            self.update_tp(owner)
         for name, tensor in tensors:
             param = params_by_name.get(name)
             if param is None:
@@ -120,8 +129,13 @@ def _merged(root: Path) -> _Merged:
         ns["_super_validate_shard_id"] = source.lift(linear, "StackedColumnParallelLinear.validate_shard_id", ns)
     except source.SourceError:
         pass
+    try:
+        update_tp = source.lift(linear, "LinearBase.update_param_tp_status",
+                                {"BasevLLMParameter": params.BasevLLMParameter})
+    except source.SourceError:
+        update_tp = None
     return _Merged(params, source.lift(linear, "MergedColumnParallelLinear.weight_loader_v2", ns),
-                   source.lift_method(linear, "MergedColumnParallelLinear.validate_shard_id", ns))
+                   source.lift_method(linear, "MergedColumnParallelLinear.validate_shard_id", ns), update_tp)
 
 
 def _warnings_logger(into: list[str]) -> Any:
@@ -148,6 +162,30 @@ def bind(root: Path) -> Callable:
         m.load({"weight": weight, "weight_scale_inv": scale}, tensors, [width] * num_layers, "block_fp8_loading",
                weight_block_size=[bn, bk])
         return weight.data, scale.data
+
+    return load
+
+
+def bind_tp(root: Path) -> Callable:
+    """extras["merged_loading_tp"]: (tensors: ("weight", [W, H] with .shard_id) per layer in arrival order;
+    num_layers; world; rank) -> the merged weight [L * W / world, H] as TP rank `rank` of `world` loads it:
+    vLLM's `ModelWeightParameter` (its `load_merged_column_weight` narrows each shard to the rank's rows) through
+    `MergedColumnParallelLinear.weight_loader_v2`, the parameter given the layer's rank by
+    `LinearBase.update_param_tp_status`. Unwritten rows stay NaN. A width the ranks cannot split evenly is
+    refused (ValueError), as vLLM's divide() asserts. The K3 draft's own merged context-KV layer is built
+    with disable_tp (rank 0 of 1); the target's merged layers (gate_up_proj, in_proj_qkvgfab) load this way."""
+    m = _merged(root)
+
+    def load(tensors: list[tuple[str, torch.Tensor]], num_layers: int, world: int, rank: int) -> torch.Tensor:
+        width, hidden = next(t for name, t in tensors if name == "weight").shape
+        if width % world:
+            raise ValueError(f"{width} is not divisible by {world}")
+        with source.stubbed(loader_stubs()):
+            weight = m.params.ModelWeightParameter(
+                data=torch.full((num_layers * width // world, hidden), float("nan"), dtype=tensors[0][1].dtype),
+                input_dim=1, output_dim=0, weight_loader=lambda *a: None)
+        m.load({"weight": weight}, tensors, [width] * num_layers, "merged_loading_tp", world=world, rank=rank)
+        return weight.data
 
     return load
 

@@ -228,6 +228,9 @@ class Capabilities(Mapping[str, Any]):
     attn_res_tiling: Callable[[int, int], str] | None = _cap(
         "fact", "-", "(tokens, num_blocks) -> the tiling its AttnRes call takes: rows are bitwise batch-invariant "
                      "between calls of one tiling (none declared: between any two calls)")
+    batch_variant: dict[str, Callable[[int, int], str]] | None = _cap(
+        "fact", "-", "dict: subject -> (tokens, batch tokens) -> why a call of that many rows takes another code path "
+                     "than the batch's (\"\": the same path); a subject not named claims bitwise batch invariance")
     aux_capture_takes_pending: bool | None = _cap("fact", "-", "bool: whether its model takes the aux tap with the "
                                                   "pending MLP output (False: of the running prefix sum alone)")
     logit_dtype: dict[str, Any] | None = _cap("fact", "-",
@@ -256,6 +259,19 @@ class Capabilities(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+
+def gemm_by_row_count(tokens: int, batch: int) -> str:
+    """A `batch_variant` rule: the subject's GEMM (torch.matmul / linear, on the CPU and under cuBLAS) picks its
+    kernel and blocking by the row count, so a call of another row count may round a row's dot products in
+    another order; two calls of one row count take one kernel (the rows at other positions stay bitwise)."""
+    return "" if tokens == batch else f"the GEMM picks its kernel by the row count ({tokens} rows against {batch})"
+
+
+def batched_matmul_by_position(tokens: int, batch: int) -> str:
+    """A `batch_variant` rule: a batched torch matmul over [T, S, H] whose CPU kernel vectorises across the
+    batch's rows, so a row's reduction depends on its place in the batch and on the batch's size."""
+    return f"a batched matmul over the batch ({tokens} rows against {batch}): a row's reduction moves with its place"
 
 
 # the capability records, read off the fields (coverage's path column, the docs)

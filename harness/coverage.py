@@ -103,8 +103,10 @@ def judged_by() -> dict[str, list[str]]:
     shared = [ast.parse(path.read_text()) for path in sorted((PROPERTIES / "checks").glob("*.py"))]
     # module-level NAME = "contract", or NAME = [base.SUBJECT, ...] (a list a test is parametrized over), in any
     # property or checks module (imported by the others)
-    names = {t.id: named for tree in [*trees.values(), *shared] for node in tree.body if isinstance(node, ast.Assign)
-             for named in [_named(node.value, constants)] if named for t in node.targets if isinstance(t, ast.Name)}
+    names = {t.id: named for tree in [*trees.values(), *shared] for node in tree.body
+             if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None
+             for named in [_named(node.value, constants)] if named
+             for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)}
     checks = _helpers_using([n for tree in shared for n in tree.body if isinstance(n, ast.FunctionDef)],
                             constants, names)
     out: dict[str, set[str]] = {}
@@ -192,9 +194,12 @@ def _helpers_using(helpers: list[ast.FunctionDef], constants: dict[str, str], na
 
 def _named(value: ast.expr, constants: dict[str, str]) -> set[str]:
     """The subjects or contracts a module-level value names: a "contract" string, or a list or tuple of them
-    and of `base.SUBJECT` constants (every element must name one); else none."""
+    and of `base.SUBJECT` constants (every element must name one), or a dict keyed by them (a test parametrized
+    over its keys); else none."""
     if isinstance(value, ast.Constant) and isinstance(value.value, str) and value.value in PATH_OF:
         return {value.value}
+    if isinstance(value, ast.Dict) and value.keys and all(k is not None for k in value.keys):
+        return _named(ast.List(elts=[k for k in value.keys if k is not None]), constants)
     if isinstance(value, (ast.List, ast.Tuple)) and value.elts:
         each = [_named(e, constants) or ({constants[e.attr]} if isinstance(e, ast.Attribute) and isinstance(
             e.value, ast.Name) and e.value.id == "base" and e.attr in constants else set()) for e in value.elts]

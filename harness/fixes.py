@@ -384,6 +384,17 @@ def eager_mixture_xor(text: str, path: str) -> str:
                        ") * rows", ") ^ rows")
 
 
+def eager_mixture_max_over_the_batch(text: str, path: str) -> str:
+    """Planted bug (batch composition, issue 57 item 4): SGLang's eager mixture `aggregate_stream_torch` takes its
+    softmax by hand with one maximum over the whole batch (`scores.max()`) for each row's own. Exact in exact
+    arithmetic, so every accuracy property passes it at moderate scores; a row's probabilities then round with
+    the other rows of its batch, and a row alone differs from the row in its batch in its low bits."""
+    return _replace_in(text, path, "aggregate_stream_torch", r"probs = torch\.softmax\(scores\.float\(\), dim=-1\)",
+                       "torch.softmax(scores.float(), dim=-1)",
+                       "(scores.float() - scores.float().max()).exp(); "
+                       "probs = probs / probs.sum(dim=-1, keepdim=True)")
+
+
 def split_the_tap_layer_not_its_consumer(text: str, path: str) -> str:
     """Planted bug (an off-by-one): TokenSpeed marks the captured layer itself for split AttnRes execution
     instead of its consumer (`layer_idx in captured` for `layer_idx - 1 in captured`), so the layer whose
@@ -412,6 +423,16 @@ def score_norm_by_padded_width(text: str, path: str) -> str:
     two (K3's 7168 among them) gets another softmax. Inside K3N-007's file and tests, it is not K3N-007's race."""
     line = r"^\s*tl\.sum\(values \* values, axis=1\) \* \(1\.0 / hidden_size\) \+ eps\s*$"
     return _replace_in(text, path, "_attn_res_kernel", line, "(1.0 / hidden_size)", "(1.0 / BLOCK_D)")
+
+
+def bank_values_clamped_to_fp16_range(text: str, path: str) -> str:
+    """Planted bug (magnitude, issue 57 item 1): ROCm's _attn_res_kernel clamps the bank rows it loads to fp16's
+    largest finite value (+-65504, a sanitising clamp kept from an fp16 port) before it scores and mixes them.
+    Exact for every value below it, so every property at the suite's usual magnitudes passes; a massive activation
+    above it (K3's residual stream carries them) is mixed as 65504."""
+    line = r"^\s*values = tl\.where\(is_prefix\[:, None\], updated_prefix\[None, :\], block_values\)\s*$"
+    return _replace_in(text, path, "_attn_res_kernel", line, "block_values)",
+                       "tl.clamp(block_values, -65504.0, 65504.0))")
 
 
 def score_without_source_rms(text: str, path: str) -> str:
@@ -533,6 +554,9 @@ TREE_MUTANTS: tuple[Fix, ...] = (
     # of two (fixtures/strategies.py PADDED_HIDDEN); inside K3N-007's file, not its race (issue 37/38)
     Fix("rocm-score-norm-block-d", "vllm", ((ROCM_ATTN_RES, score_norm_by_padded_width),), ("vllm-rocm",),
         ("properties/test_attn_res.py::test_attn_res_within_rounding_budget_of_oracle",)),
+    # a magnitude bug of our own (issue 57 item 1): massive activations above fp16's range clamped
+    Fix("rocm-bank-clamped-to-fp16", "vllm", ((ROCM_ATTN_RES, bank_values_clamped_to_fp16_range),), ("vllm-rocm",),
+        ("properties/test_magnitudes.py::test_attn_res_within_budget_at_massive_tiny_and_mixed_magnitudes",)),
     # real code the vLLM adapter used to build itself (issue 38): bound now, its slip must fail the fused path
     Fix("layer0-norm-weight", "vllm", ((VLLM_DSPARK, layer0_norm_for_every_layer),), ("vllm",),
         ("properties/test_context_kv.py",)),
@@ -572,6 +596,10 @@ TREE_MUTANTS: tuple[Fix, ...] = (
         ("properties/test_draft_kv_window.py::test_verify_window_writes_exactly_the_committed_columns_of_each_row",)),
     Fix("eager-mixture-xor", "sglang", ((SGLANG_ATTN, eager_mixture_xor),), ("sglang",),
         ("properties/test_attn_res_mix.py::test_read_only_mixture_within_rounding_budget_of_oracle",)),
+    # a batch-composition bug of our own (issue 57 item 4): the softmax's maximum taken over the batch
+    Fix("eager-mixture-max-over-the-batch", "sglang", ((SGLANG_ATTN, eager_mixture_max_over_the_batch),), ("sglang",),
+        ("properties/test_batch_composition.py::"
+         "test_a_row_alone_is_the_row_in_its_batch_and_at_another_position_for_every_row_independent_subject",)),
     # survivors of vLLM 0.34.0's first sample: a merged part's rows on a TP rank past 0 (only rank 0 was loaded),
     # the speculator's draft-watermarker branch, which no property took
     Fix("merged-column-rows-of-rank-0", "vllm", ((VLLM_PARAMETER, merged_column_rows_of_rank_0),), ("vllm",),

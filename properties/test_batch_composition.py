@@ -13,18 +13,28 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from k3num.engines import base
 from k3num.fixtures.builders import AttnResInputs, attn_res_inputs
-from k3num.fixtures.strategies import AttnResCase, attn_res_cases
+from k3num.fixtures.strategies import (
+    AttnResCase,
+    attn_res_cases,
+    context_kv_cases,
+    draft_kv_cases,
+    projection_cases,
+    seeds,
+    tap_cases,
+)
 from k3num.harness.judges import attn_res_oracle
 from k3num.oracles.budgets import Budget
 from k3num.oracles.records import judge
 from k3num.properties.checks.attn_res import as_admitted, call_attn_res
-from k3num.properties.support import DEVICE, LOW, report, up
+from k3num.properties.checks.batch_rows import ROW_CALLS, check_rows_batch_invariant
+from k3num.properties.support import DEVICE, LOW, report, subject, up
 
 # batches of 2-6 rows on the CPU: one tiling on every bound kernel (a 256-row call under the interpreter costs
 # seconds). On cuda the batches also sit on both sides of vLLM's switch at 256 tokens (extras["attn_res_tiling"]):
@@ -76,3 +86,36 @@ def test_attn_res_row_alone_is_the_row_in_its_batch_and_at_another_position_bitw
     report(judge(property="batch_invariance", engine=engine, subject=base.ATTN_RES, actual=alone,
                  reference=up(batched[list(rows)]), budget=_bound(engine, case, 1, inp), seed=case.seed,
                  reduction_len=case.hidden, detail=f"rows {list(rows)[:6]} alone against the batch of {t}"))
+
+
+# the row-independent subjects besides attn_res, each with its cases: batches of 2-6 rows (one code path on every
+# bound kernel at these sizes, so the claim is bitwise unless the engine declares otherwise)
+_ROWS = st.integers(2, 6)
+_MIX = st.tuples(_ROWS, st.sampled_from([64, 1024]), st.integers(0, 8), seeds)
+ROW_CASES: dict[str, st.SearchStrategy] = {
+    base.CONTEXT_KV_FUSED: context_kv_cases(tokens=_ROWS),
+    base.CONTEXT_KV_UNFUSED: context_kv_cases(tokens=_ROWS),
+    base.DRAFT_CONTEXT_KV: draft_kv_cases(tokens=_ROWS),
+    base.STAGE_PARTIAL: projection_cases(tokens=_ROWS),
+    base.FINALIZE_PROJECTION: projection_cases(tokens=_ROWS),
+    base.PROJECT_UNSHARDED: projection_cases(tokens=_ROWS),
+    base.ATTN_RES_MIX: _MIX,
+    base.ATTN_RES_MIX_TRITON: st.tuples(_ROWS, st.just(1024), st.integers(0, 8), seeds),
+    base.ATTN_RES_MIX_EAGER: _MIX,
+    base.ATTN_RES_RESIDUAL: st.tuples(_ROWS, st.just(1024), st.integers(0, 7), seeds),
+    base.AUX_CAPTURE: tap_cases(position="inner", tokens=_ROWS),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROW_CASES))
+@given(data=st.data())
+def test_a_row_alone_is_the_row_in_its_batch_and_at_another_position_for_every_row_independent_subject(
+        engine, name: str, data: st.DataObject) -> None:
+    """Each row-independent subject (its rows depend only on their own token's inputs in exact arithmetic): every
+    output row of a batch computed with the batch reversed, and its first and last row alone, equal the rows in
+    the batch, bit for bit,
+    or within twice the accuracy budget where the engine declares the subject batch-variant
+    (extras["batch_variant"]), the difference recorded (`batch_invariance`)."""
+    fn = subject(engine, name)
+    case = data.draw(ROW_CASES[name], label="case")
+    check_rows_batch_invariant(engine, name, ROW_CALLS[name](engine, fn, case, DEVICE))

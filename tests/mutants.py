@@ -246,9 +246,11 @@ def _mix_without_prefix(prefix, bank, nvb, norm, proj, eps):
     return torch.einsum("ts,tsh->th", torch.softmax(logits, -1), src).to(prefix.dtype)
 
 
-def _mirror_kernel_with(*, softmax: Callable | None = None, to_storage: Callable | None = None) -> Callable:
-    """The mirror's attn_res in float32 with its softmax (logits [T, S] -> weights) or its output conversion
-    (float32 [T, H], the prefix -> storage) replaced: one realistic slip each."""
+def _mirror_kernel_with(*, softmax: Callable | None = None, to_storage: Callable | None = None,
+                        sources: Callable | None = None) -> Callable:
+    """The mirror's attn_res in float32 with its softmax (logits [T, S] -> weights), its output conversion
+    (float32 [T, H], the prefix -> storage) or its float32 sources ([T, S, H] -> what it scores and mixes)
+    replaced: one realistic slip each."""
     def kernel(prefix, delta, blocks, norm, qk, onorm, num_blocks, write_idx, eps, oeps):
         a = torch.float32
         if delta is not None:
@@ -259,6 +261,7 @@ def _mirror_kernel_with(*, softmax: Callable | None = None, to_storage: Callable
             mixed = prefix.to(a)
         else:
             src = torch.cat([blocks[:, :num_blocks].to(a), prefix.to(a).unsqueeze(1)], dim=1)
+            src = sources(src) if sources else src
             logits = (src @ (norm.to(a) * qk.to(a))) * torch.rsqrt(src.square().mean(-1) + eps)
             mixed = torch.einsum("ts,tsh->th", (softmax or (lambda x: torch.softmax(x, dim=-1)))(logits), src)
         if onorm is not None:
@@ -289,6 +292,31 @@ def _mix_with_a_batch_wide_max(prefix, bank, nvb, norm, proj, eps):
                                                                        eps, 0.0)
 
 
+def _clamped_to_fp16_range(src: torch.Tensor) -> torch.Tensor:
+    """Sources clamped to +-65504 before they are scored and mixed (a sanitising clamp kept from an fp16 port):
+    exact below fp16's largest finite value, wrong for a massive activation above it."""
+    return src.clamp(-65504.0, 65504.0)
+
+
+def _mix_clamped_to_fp16_range(prefix, bank, nvb, norm, proj, eps):
+    """The read-only mixture with its sources clamped to fp16's range (_clamped_to_fp16_range)."""
+    return _mirror_kernel_with(sources=_clamped_to_fp16_range)(prefix, None, bank, norm, proj, None, nvb, -1, eps,
+                                                               0.0)
+
+
+def _read_from_its_first_element(w: torch.Tensor | None) -> torch.Tensor | None:
+    """A 1-D view read as a pointer kernel without a stride check reads it: its first element, then the next ones
+    of its buffer, whatever its stride."""
+    return w if w is None or w.stride(-1) == 1 else w.as_strided(w.shape, (1,))
+
+
+def _attn_res_weights_read_as_contiguous(prefix, delta, blocks, norm, qk, onorm, num_blocks, write_idx, eps, oeps):
+    """The mirror's attn_res with its weights read as if contiguous (a weight expanded from one value, or every
+    other element of a wider buffer, reads its buffer's neighbours)."""
+    f = _read_from_its_first_element
+    return m_attn.attn_res(prefix, delta, blocks, f(norm), f(qk), f(onorm), num_blocks, write_idx, eps, oeps)
+
+
 def _truncated_when_batched(mixed: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
     """The batched path (more than one row: another kernel, as engines pick one by the row count) converts to bf16
     by truncation, the single-row path to nearest: within a bf16 ulp either way, and a row alone differs from the
@@ -296,6 +324,18 @@ def _truncated_when_batched(mixed: torch.Tensor, prefix: torch.Tensor) -> torch.
     if prefix.shape[0] == 1 or prefix.dtype != torch.bfloat16:
         return mixed.to(prefix.dtype)
     return (mixed.contiguous().view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)  # toward zero
+
+
+def _draft_v_truncated_when_batched(ctx, k_weight, v_weight, k_norm, positions, rope, eps):
+    """The draft's V projection on a batch (more than one row: another GEMM, as engines pick one by the row count)
+    converts its float32 products to bf16 toward zero, a row alone to nearest: a row alone differs from the row in
+    its batch in about half its V elements (the accuracy property sees the truncation too, where it passes the
+    budget's half ulp)."""
+    k, v = m_proj.draft_context_kv(ctx, k_weight, v_weight, k_norm, positions, rope, eps)
+    if ctx.shape[0] == 1 or v.dtype != torch.bfloat16:
+        return k, v
+    exact = torch.stack([(ctx.float() @ w.float().T).view(v.shape[1:]) for w in v_weight])
+    return k, (exact.contiguous().view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
 
 
 _TAP_WORKSPACE: dict[tuple, torch.Tensor] = {}
@@ -314,7 +354,13 @@ MUTANTS: dict[str, dict[str, base.Subject]] = {
     "attn_res_max_over_the_batch": {base.ATTN_RES: _mirror_kernel_with(softmax=_softmax_with_a_batch_wide_max)},
     "tap_in_a_reused_workspace": {base.AUX_CAPTURE: _capture_into_a_reused_workspace},
     "batched_path_truncates": {base.ATTN_RES: _mirror_kernel_with(to_storage=_truncated_when_batched)},
+    "weights_read_as_contiguous": {base.ATTN_RES: _attn_res_weights_read_as_contiguous},
+    "sources_clamped_to_fp16_range": {base.ATTN_RES: _mirror_kernel_with(sources=_clamped_to_fp16_range),
+                                      base.ATTN_RES_MIX: _mix_clamped_to_fp16_range,
+                                      base.ATTN_RES_MIX_TRITON: _mix_clamped_to_fp16_range,
+                                      base.ATTN_RES_MIX_EAGER: _mix_clamped_to_fp16_range},
     "draft_k_norm_across_heads": {base.DRAFT_CONTEXT_KV: _draft_kv_norm_across_heads},
+    "draft_v_truncated_when_batched": {base.DRAFT_CONTEXT_KV: _draft_v_truncated_when_batched},
     "one_bank_row_too_many": {base.ATTN_RES: _attn_res_one_bank_row_too_many},
     "bank_row_written_before_delta": {base.ATTN_RES: _attn_res_bank_written_before_delta},
     "pending_passed_as_delta": {base.AUX_CAPTURE: _capture_pending_as_delta},

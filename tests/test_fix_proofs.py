@@ -70,5 +70,8 @@ def test_the_cpu_visible_kernel_mutants_are_caught(tmp_path: Path) -> None:
     # softmaxes without their max subtraction (SGLang's combine, vLLM's online softmax): exact at moderate scores,
     # caught by the scores past exp's range (properties/test_extreme_scores.py)
     assert "combine-softmax-without-max" in table and "online-softmax-without-max" in table
+    # issue 57's plants of our own: a softmax maximum over the batch (batch composition, SGLang's eager mixture),
+    # bank rows clamped to fp16's range (massive activations, ROCm's kernel)
+    assert "eager-mixture-max-over-the-batch" in table and "rocm-bank-clamped-to-fp16" in table
     # a prefix-stream tap that is the running prefix itself: caught once the next layers change it in place
     assert "prefix-tap-aliases-the-running-prefix" in table

@@ -10,6 +10,7 @@ import types
 
 from k3num.engines import base
 from k3num.engines.mirror import attn_res, context_kv, pp, projection, transfer, weights
+from k3num.engines.subjects import batched_matmul_by_position
 
 VERSION = "0.1.0"
 
@@ -48,7 +49,12 @@ def build() -> base.Engine:
                                                                     route=transfer.kv_route),
                                # torch's CPU matmul blocks its reductions by the batch's shape: every batch size
                                # is its own tiling (rows are not bitwise batch-invariant across sizes)
-                               "attn_res_tiling": lambda tokens, num_blocks: f"T={tokens}"})
+                               "attn_res_tiling": lambda tokens, num_blocks: f"T={tokens}",
+                               # at hidden 1024 the mixtures' batched matmul moves a row's reduction with its
+                               # place in the batch (measured: 2 bf16 ulps with the batch of 2 reversed)
+                               "batch_variant": {s: batched_matmul_by_position for s in (
+                                   base.ATTN_RES_MIX, base.ATTN_RES_MIX_EAGER, base.ATTN_RES_MIX_TRITON,
+                                   base.ATTN_RES_RESIDUAL)}})
 
 
 def _context_kv_ops():

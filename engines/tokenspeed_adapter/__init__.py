@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from k3num.engines import base, source, standins, triton_support
+from k3num.engines import base, source, standins, subjects, triton_support
 from k3num.engines.mirror.context_kv import rope_cache
 from k3num.engines.registry import EngineUnavailable
 from k3num.engines.tokenspeed_adapter import attn_res as tokenspeed_attn_res
@@ -252,6 +252,9 @@ def build(src: fetch.Source, mode: str) -> base.Engine:
         "aux_capture_takes_pending": False,
         "pp_taps": attn.pp_taps, "pp_taps_standins": tokenspeed_attn_res.STANDINS, "pp_taps_hidden": True,
         "capture_split": attn.capture_split,
+        # project_target_tap's bf16 linear picks its GEMM kernel by the row count (measured on the CPU: a row
+        # alone and in a batch of 3 differ by a bf16 rounding of one tap's product, 4 fp32 ulps of the partial)
+        "batch_variant": {base.STAGE_PARTIAL: subjects.gemm_by_row_count},
     }
     real = IMPORT_OPS if inst else STANDIN_OPS
     run_mode = "import" if inst else "source-lifted"

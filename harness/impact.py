@@ -60,7 +60,7 @@ from typing import Any
 
 import pandas as pd
 
-from k3num.fixtures.strategies import DraftStepCase
+from k3num.fixtures.strategies import STEP_HIDDEN, DraftStepCase
 from k3num.harness import token_cases
 from k3num.oracles import tokens
 
@@ -80,7 +80,7 @@ def sample_cases(kind: str, n: int, seed: int) -> list[DraftStepCase]:
         heads = rng.choice([2, 4])
         head_dim = rng.choice([8, 16])
         out.append(DraftStepCase(
-            kind=kind, hidden=rng.choice([32, 64]), num_layers=rng.randint(1, 5), num_heads=heads, head_dim=head_dim,
+            kind=kind, hidden=rng.choice(STEP_HIDDEN), num_layers=rng.randint(1, 5), num_heads=heads, head_dim=head_dim,
             kv_heads=rng.choice([h for h in (1, 2) if heads % h == 0]) if kind == "dflash" else 1,
             kv_lora=16 if kind == "dspark" else 0, rotary_dim=8 if kind == "dspark" else head_dim,
             window=rng.choice([0, 4, 64]) if kind == "dflash" else 0, vocab=rng.choice([64, 256]),

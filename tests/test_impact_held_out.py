@@ -31,8 +31,9 @@ PAIRS = [("stage-sum-overwritten", "stage-sum-control"), ("softmax-drops-prefix"
 REACHES = {"norms-reversed": ["dspark"]}  # vLLM's context KV is DSpark's path 1 (its DFlash row runs the mirror's)
 
 
-def _impact(engine: str, tree: Path | None) -> tuple[int, pd.DataFrame]:
-    src = ["--engine-src", f"{engine}={tree}"] if tree is not None else []
+def _impact(engine: str, tree: Path | None, source: str | None = None) -> tuple[int, pd.DataFrame]:
+    """`k3num impact` on `engine`, its tree (the pin `source`, default the engine's name) replaced by `tree`."""
+    src = ["--engine-src", f"{source or engine}={tree}"] if tree is not None else []
     r = subprocess.run([sys.executable, "-m", "k3num.harness.cli", "impact", "--device", "cpu", "--engine", engine,
                         *src, "--cases", "6", "--format", "csv"], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert r.returncode in (0, 1), r.stdout + r.stderr[-3000:]
@@ -59,3 +60,22 @@ def test_a_held_out_bug_moves_its_composed_row_past_the_noise_floor_and_its_cont
     assert (pinned.xs(variant, level="variant")["q99_err_over_delta"] < 1).all()
     if variant:  # a composed row's bug reaches no other row: the plain step does not call that code
         pd.testing.assert_frame_equal(bad.xs("", level="variant")[FIGURES], pinned.xs("", level="variant")[FIGURES])
+
+
+def test_a_masked_lane_bug_of_a_padding_kernel_moves_the_draft_steps_rows_on_the_cpu(tmp_path: Path) -> None:
+    """ROCm's AttnRes score norm over the padded width BLOCK_D (harness/fixes.py rocm-score-norm-block-d: exact at
+    a power-of-two hidden size) reaches the step's tokens: the step's hidden sizes include ones that are not powers
+    of two (fixtures/strategies.py STEP_HIDDEN), so the rows judged around K3N-001's fix leave the noise floor
+    (worst logit error past delta) where the pinned release's and a comment's stay inside it."""
+    if fetch.missing_files("vllm"):
+        pytest.skip("vllm is not fetched (k3num fetch vllm)")
+    _, pinned = _impact("vllm-rocm", None)
+    _, ctl = _impact("vllm-rocm", fixes.patched_tree(fixes.by_id("rocm-attn-res-control"), tmp_path / "control"),
+                     "vllm")
+    _, bad = _impact("vllm-rocm", fixes.patched_tree(fixes.by_id("rocm-score-norm-block-d"), tmp_path / "planted"),
+                     "vllm")
+    pd.testing.assert_frame_equal(ctl[FIGURES], pinned[FIGURES])
+    fixed = "vllm-rocm+fix-K3N-001"
+    before, after = pinned[pinned["engine"] == fixed], bad[bad["engine"] == fixed]
+    assert len(after) == 2 and (before["worst_err_over_delta"] < 1).all(), before[FIGURES]
+    assert (after["worst_err_over_delta"] > 1).all() and (after["severity"] != before["severity"]).all(), after

@@ -151,10 +151,11 @@ def test_the_impact_tables_legend_names_every_column_and_the_exit_rule_and_each_
 
 
 def test_a_drift_past_half_delta_is_told_from_noise_though_no_decided_token_flips() -> None:
-    """The mirror's DSpark context KV scaled by 1.05 (about 12 bf16 units, far outside the tensor budget) flips no
+    """The mirror's DSpark context KV scaled by 1.03 (about 8 bf16 units, far outside the tensor budget) flips no
     decided token in 6 blocks, as the untouched mirror does not; its logit error reaches the margins of
     decided positions (exposed_share > 0) and its severity says so, where the untouched mirror's (within delta/2
-    everywhere) exposes none. Before, both rows read "near-ties only"."""
+    everywhere) exposes none. Before, both rows read "near-ties only". (With the step's widths that are not powers
+    of two, 1.05 flips one decided token of these 6 blocks: a drift past that one is no longer the case stated.)"""
     from k3num.engines import base, registry
     from k3num.harness import draft_step, impact
 
@@ -163,12 +164,12 @@ def test_a_drift_past_half_delta_is_told_from_noise_though_no_decided_token_flip
 
     def scaled(*args, **kwargs):
         out = fused(*args, **kwargs)
-        return ((out[0].float() * 1.05).to(out[0].dtype), *out[1:])
+        return ((out[0].float() * 1.03).to(out[0].dtype), *out[1:])
 
     cases = impact.sample_cases("dspark", 6, 0)
     rows = {label: impact._aggregate("mirror", "dspark", [draft_step.run(mirror, mirror, "dspark", c, "cpu",
                                                                          subjects=subs) for c in cases])
-            for label, subs in (("pinned", None), ("scaled", {base.CONTEXT_KV_FUSED: (scaled, "kv_c x 1.05")}))}
+            for label, subs in (("pinned", None), ("scaled", {base.CONTEXT_KV_FUSED: (scaled, "kv_c x 1.03")}))}
     assert rows["pinned"]["exposed_share"] == 0 and rows["pinned"]["severity"] != impact.EXPOSED, rows["pinned"]
     assert rows["scaled"]["diverged"] == 0 and rows["scaled"]["worst_err_over_delta"] > 1, rows["scaled"]
     assert rows["scaled"]["exposed_share"] > 0 and rows["scaled"]["severity"] == impact.EXPOSED, rows["scaled"]

@@ -434,17 +434,20 @@ if want mutate; then
     done
 fi
 if want extremes; then
-    echo "== the extremes on cuda: scores past exp's range, the tap's lifetime, batch composition (across vLLM's"
-    echo "   tiling switch at 256 tokens), pinned on every engine, then each kernel plant of them and its control"
+    echo "== the extremes on cuda: scores past exp's range, massive/tiny/mixed magnitudes, the tap's lifetime, batch"
+    echo "   composition (every row-independent subject; attn_res across vLLM's tiling switch at 256 tokens), pinned"
+    echo "   on every engine, then each kernel plant of them and its control"
     t0=$SECONDS
     timeout -s INT "${K3NUM_EXTREMES_TIMEOUT:-240}" python -m pytest properties/test_extreme_scores.py \
-        properties/test_batch_composition.py properties/test_aux_tap.py --engine vllm,vllm-rocm,sglang,tokenspeed \
+        properties/test_magnitudes.py properties/test_batch_composition.py properties/test_aux_tap.py \
+        --engine vllm,vllm-rocm,sglang,tokenspeed \
         --device cuda --hypothesis-profile=ci -q -rxXfE -p no:cacheprovider --drift-csv "$out/extremes.csv" \
         > "$out/extremes.log" 2>&1 || extremes=1
     grep -E "^(XFAIL|FAILED|ERROR)|passed|failed" "$out/extremes.log" | cut -c1-400 | tee -a "$out/extremes.md"
     PYTEST_ADDOPTS="--device cuda" timeout -s INT "${K3NUM_EXTREMES_PLANTS_TIMEOUT:-240}" python scripts/prove_fixes.py \
         --mutants --fix combine-softmax-without-max --fix online-softmax-without-max \
-        --fix prefix-tap-aliases-the-running-prefix --out "$out/extremes-plants" 2>&1 | tail -n 8 \
+        --fix prefix-tap-aliases-the-running-prefix --fix rocm-bank-clamped-to-fp16 \
+        --fix eager-mixture-max-over-the-batch --out "$out/extremes-plants" 2>&1 | tail -n 10 \
         | tee -a "$out/extremes.md"
     [ "${PIPESTATUS[0]}" -eq 0 ] || extremes=1
     echo "extremes: exit $extremes in $((SECONDS - t0)) s" | tee -a "$out/extremes.md"
